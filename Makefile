@@ -1,0 +1,28 @@
+# Two commands do everything: `make demo` and `make test`. Both create .venv when missing.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade "pip>=24"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/partune bench bert-small --peers torch,onnxruntime
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python experiments/bench_single_backends.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

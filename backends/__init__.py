@@ -1,0 +1,1 @@
+"""Backends: one module each, reached by the search only through ``registry``."""

@@ -1,0 +1,72 @@
+"""The Backend interface: what a backend accepts and how it builds a region.
+
+A backend is real code running a real library or compiler. The search never imports a
+backend module; it asks the registry for backends by name and talks to them only
+through this interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from enum import Enum
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from tvm import relax
+
+    from search.scopes import SEScope
+
+
+class Level(str, Enum):
+    """How much of a model a backend takes at once."""
+
+    LIBRARY = "library"  # op-level kernels (cuDNN-like): one op or small composite
+    COMPILER = "compiler"  # graph-level: a whole region becomes one graph
+    NATIVE = "native"  # TVM's own lowering: takes everything
+
+
+class FusionStyle(str, Enum):
+    """Which regions a backend can run as one unit (picks its partition rule)."""
+
+    NONE = "none"  # single ops / composites only
+    TVM = "tvm"  # TVM-like fusion: injective into anchor, anchor into elementwise
+    ARBITRARY = "arbitrary"  # any convex region
+
+
+class BackendError(RuntimeError):
+    """A backend could not translate or build a region."""
+
+
+RegionKernel = Callable[..., None]
+"""A built region: called destination-passing style with TVM tensors, inputs then outputs."""
+
+
+class Backend(ABC):
+    """A library or compiler that can run parts of a Relax model."""
+
+    name: ClassVar[str]
+    level: ClassVar[Level]
+    fusion_style: ClassVar[FusionStyle]
+    device_types: ClassVar[tuple[str, ...]] = ("cpu",)
+
+    @property
+    def codegen(self) -> str | None:
+        """BYOC codegen name (``relax.ext.<codegen>``); None for TVM's native lowering."""
+        return f"partune_{self.name}" if self.level is not Level.NATIVE else None
+
+    @abstractmethod
+    def accepts(self, binding: relax.Binding) -> bool:
+        """Whether this backend can translate the binding's value. Never claim what fails."""
+
+    @abstractmethod
+    def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> RegionKernel:
+        """Translate ``func`` (a region lifted out of main) into a callable kernel.
+
+        ``func`` has tensor parameters, one dataflow block, weights as ``tvm.ir.Constant``
+        and returns a tensor or a tuple of tensors. The kernel writes into the output
+        tensors it is given (destination-passing style).
+        """
+
+    def set_threads(self, threads: int) -> None:  # noqa: B027 - optional hook
+        """Apply the process-wide thread count to this backend's library."""

@@ -1,0 +1,60 @@
+"""The one place that knows which backends exist. The search reaches backends only here.
+
+Backend modules import heavy libraries (torch, onnxruntime), so they are imported
+lazily, the first time a backend is asked for by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from backends.base import Backend
+
+_BACKENDS: dict[str, str] = {
+    "tvm": "backends.tvm_backend:TvmBackend",
+    "torch": "backends.torch_backend:TorchBackend",
+    "onnxruntime": "backends.onnxruntime_backend:OnnxRuntimeBackend",
+}
+NATIVE = "tvm"
+
+_instances: dict[str, Backend] = {}
+_threads = {"n": 1}
+
+
+class UnknownBackendError(KeyError):
+    """A backend name that is not registered."""
+
+    def __str__(self) -> str:
+        return f"unknown backend '{self.args[0]}' (known: {', '.join(names())})"
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_BACKENDS)
+
+
+def register(name: str, target: str) -> None:
+    """Register a backend class by ``module:Class`` path (used for test-only backends)."""
+    _BACKENDS[name] = target
+    _instances.pop(name, None)
+
+
+def get(name: str) -> Backend:
+    if name not in _BACKENDS:
+        raise UnknownBackendError(name)
+    if name not in _instances:
+        module, cls = _BACKENDS[name].split(":")
+        backend = getattr(importlib.import_module(module), cls)()
+        backend.set_threads(_threads["n"])
+        _instances[name] = backend
+    return _instances[name]
+
+
+def set_threads(threads: int) -> None:
+    """One thread count for every backend (one thread each is the stable setting here)."""
+    _threads["n"] = threads
+    for backend in _instances.values():
+        backend.set_threads(threads)
+
+
+def threads() -> int:
+    return _threads["n"]

@@ -1,0 +1,81 @@
+"""Native TVM: every op TVM can lower, built with TVM's own pipeline.
+
+TVM is the fallback that makes every plan complete: it accepts everything. Untuned, its
+CPU kernels are only good at element-wise fusion (DESIGN.md); with a MetaSchedule
+database its tuned schedules are applied.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import tvm
+from tvm import relax
+
+from backends.base import Backend, FusionStyle, Level, RegionKernel
+
+if TYPE_CHECKING:
+    from search.scopes import SEScope
+
+
+def compile_module(mod: tvm.IRModule, target: tvm.target.Target,
+                   database_dir: str | None = None) -> tvm.runtime.Executable:
+    """Build ``mod`` for ``target``; apply tuned schedules from ``database_dir`` if given."""
+    if database_dir:
+        from tvm.s_tir import meta_schedule as ms
+
+        db = ms.database.JSONDatabase(work_dir=database_dir)
+        with target, db, tvm.transform.PassContext(opt_level=3):
+            mod = relax.get_pipeline("zero")(mod)
+    return tvm.compile(mod, target=target)
+
+
+def _strip_byoc_attrs(func: relax.Function) -> relax.Function:
+    attrs = {k: v for k, v in (func.attrs or {}).items()
+             if k not in ("Codegen", "global_symbol") and not k.startswith("partune.")}
+    return relax.Function(func.params, func.body, func.ret_ty, func.is_pure,
+                          tvm.ir.make_node("ir.DictAttrs", **attrs) if attrs else None)
+
+
+class TvmBackend(Backend):
+    """TVM's native lowering (default schedules, or tuned ones from a database)."""
+
+    name = "tvm"
+    level = Level.NATIVE
+    fusion_style = FusionStyle.TVM
+    device_types = ("cpu", "cuda")
+
+    def __init__(self, database_dir: str | None = None) -> None:
+        self.database_dir = database_dir
+
+    def accepts(self, binding: relax.Binding) -> bool:
+        return True  # every Relax op has a legalisation
+
+    def set_threads(self, threads: int) -> None:
+        os.environ["TVM_NUM_THREADS"] = str(threads)
+        config = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
+        if config is not None:
+            config(1, threads)
+
+    def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> RegionKernel:
+        """Build the region as its own module and VM; copy results into the destinations."""
+        self.set_threads(threads)
+        mod = tvm.IRModule({"main": _strip_byoc_attrs(func)})
+        ex = compile_module(mod, scope.tvm_target(), self.database_dir)
+        device = tvm.device(scope.device_type or "cpu", scope.virtual_device_id or 0)
+        vm = relax.VirtualMachine(ex, device)
+        n_in = len(func.params)
+        main = vm["main"]
+
+        def kernel(*args) -> None:
+            result = main(*args[:n_in])
+            outs = [result] if hasattr(result, "copyto") else list(result)
+            for src, dst in zip(outs, args[n_in:], strict=True):
+                src.copyto(dst)
+
+        return kernel
+
+    def compile(self, mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Executable:
+        """Build a whole (partitioned) module: TVM lowers whatever was not offloaded."""
+        return compile_module(mod, target, self.database_dir)

@@ -1,0 +1,204 @@
+"""Model import: zoo names, ONNX files, torch ExportedProgram files, TVMScript Relax files.
+
+Every route ends in the same place: a Relax IRModule with static shapes and weights bound
+as constants, example inputs, and a reference output computed by the model's own
+framework (torch eager for zoo and .pt2 models, onnxruntime for ONNX, the untuned TVM
+build for TVMScript), so any plan can be checked against it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from search.errors import ModelError
+from search.graph import DataflowGraph
+
+SEED = 0
+
+
+@dataclass
+class Model:
+    """An imported model ready for partitioning and its reference."""
+
+    name: str
+    mod: tvm.IRModule
+    inputs: list[np.ndarray]
+    reference: list[np.ndarray]
+    reference_source: str
+    torch_module: object | None = None  # for the torch peers in `partune bench`
+    onnx_bytes: bytes | None = None  # for the onnxruntime peer, when the model came as ONNX
+    graph: DataflowGraph = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.graph = DataflowGraph.from_function(self.mod["main"])
+
+
+@relax.expr_functor.mutator
+class _BoolCumsumFix(relax.PyExprMutator):
+    """cumsum of bool: torch returns int64, Relax keeps bool and then cannot build."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.cumsum"
+                and call.args[0].ty.dtype == "bool"):
+            x = relax.op.astype(call.args[0], "int64")
+            return relax.op.cumsum(x, axis=call.attrs.axis, dtype="int64",
+                                   exclusive=call.attrs.exclusive)
+        return call
+
+
+def normalise(mod: tvm.IRModule) -> tvm.IRModule:
+    """Make an imported module buildable and uniform (bool cumsum fixed, no dead code)."""
+    mod = mod.clone() if hasattr(mod, "clone") else mod
+    mod["main"] = _BoolCumsumFix().visit_expr(mod["main"])
+    mod = relax.transform.DeadCodeElimination(["main"])(mod)
+    return mod
+
+
+def _flatten(out) -> list[np.ndarray]:
+    """Outputs of torch, onnxruntime or the TVM VM as a flat list of numpy arrays."""
+    if isinstance(out, np.ndarray):
+        return [out]
+    if hasattr(out, "detach"):
+        return [out.detach().cpu().numpy()]
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    if isinstance(out, dict):
+        out = list(out.values())
+    items = []
+    for o in out:
+        items.extend(_flatten(o))
+    return items
+
+
+def _from_torch(name: str, module, args: tuple, source: str) -> Model:
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    with torch.no_grad():
+        reference = _flatten(module(*args))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(module, args)
+    try:
+        mod = from_exported_program(ep)
+    except Exception as e:  # the frontend raises many kinds
+        raise ModelError(f"cannot import {name} to Relax: {str(e).splitlines()[-1][:200]}") from e
+    return Model(name, normalise(mod), [a.numpy() for a in args], reference, source, module)
+
+
+def load_zoo(name: str) -> Model:
+    from partune.zoo import ZOO, names
+
+    if name not in ZOO:
+        raise ModelError(f"unknown model '{name}': not a file and not in the zoo "
+                         f"({', '.join(names())})")
+    entry = ZOO[name]
+    return _from_torch(name, entry.build(), entry.inputs(), "torch eager")
+
+
+def _random_input(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        return rng.integers(0, 2, size=shape).astype(dtype)
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def load_pt2(path: Path) -> Model:
+    import torch
+
+    try:
+        ep = torch.export.load(str(path))
+    except Exception as e:
+        raise ModelError(f"cannot read ExportedProgram {path}: {str(e).splitlines()[0][:200]}") from e
+    args = getattr(ep, "example_inputs", None)
+    if args and args[0]:
+        inputs = tuple(args[0])
+    else:
+        metas = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"
+                 and n.name in ep.graph_signature.user_inputs]
+        inputs = tuple(torch.from_numpy(_random_input(tuple(m.shape), str(m.dtype).removeprefix("torch."), SEED + i))
+                       for i, m in enumerate(metas))
+    return _from_torch(path.stem, ep.module(), inputs, "torch eager (ExportedProgram)")
+
+
+def load_onnx(path: Path) -> Model:
+    import onnx
+    import onnxruntime as ort
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        data = path.read_bytes()
+        proto = onnx.load_from_string(data)
+        onnx.checker.check_model(proto)
+    except Exception as e:
+        raise ModelError(f"cannot read ONNX model {path}: {str(e).splitlines()[0][:200]}") from e
+    init_names = {i.name for i in proto.graph.initializer}
+    shapes, inputs = {}, []
+    for k, inp in enumerate(i for i in proto.graph.input if i.name not in init_names):
+        tt = inp.type.tensor_type
+        shape = tuple(d.dim_value if d.dim_value > 0 else 1 for d in tt.shape.dim)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name
+        shapes[inp.name] = shape
+        inputs.append(_random_input(shape, dtype, SEED + k))
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    reference = _flatten(sess.run(None, {n: a for n, a in zip(shapes, inputs, strict=True)}))
+    try:
+        mod = from_onnx(proto, shape_dict=shapes, keep_params_in_input=False)
+    except Exception as e:
+        raise ModelError(f"cannot import {path} to Relax: {str(e).splitlines()[-1][:200]}") from e
+    mod = relax.transform.DecomposeOpsForInference()(mod)
+    return Model(path.stem, normalise(mod), inputs, reference, "onnxruntime", onnx_bytes=data)
+
+
+def load_tvmscript(path: Path) -> Model:
+    try:
+        mod = tvm.script.from_source(path.read_text())
+    except Exception as e:
+        raise ModelError(f"cannot parse TVMScript {path}: {str(e).splitlines()[-1][:200]}") from e
+    if not isinstance(mod, tvm.IRModule) or "main" not in [g.name_hint for g in mod.get_global_vars()]:
+        raise ModelError(f"{path} has no Relax function 'main'")
+    func = mod["main"]
+    inputs = []
+    for k, p in enumerate(func.params):
+        ty = p.ty
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            raise ModelError(f"{path}: parameter '{p.name}' needs a static tensor shape")
+        inputs.append(_random_input(tuple(int(v) for v in ty.shape.values), ty.dtype, SEED + k))
+    from backends.tvm_backend import compile_module  # the reference is the untuned TVM build
+
+    mod = normalise(mod)
+    ex = compile_module(mod, tvm.target.Target({"kind": "llvm"}))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    reference = _flatten(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]))
+    return Model(path.stem, mod, inputs, reference, "untuned TVM")
+
+
+LOADERS: dict[str, Callable[[Path], Model]] = {
+    ".onnx": load_onnx,
+    ".pt2": load_pt2,
+    ".py": load_tvmscript,
+    ".tvmscript": load_tvmscript,
+    ".relax": load_tvmscript,
+}
+
+
+def load(spec: str) -> Model:
+    """A zoo name or a path to an .onnx, .pt2 or TVMScript (.py/.tvmscript/.relax) file."""
+    path = Path(spec)
+    if path.suffix in LOADERS:
+        if not path.is_file():
+            raise ModelError(f"model file {spec} does not exist")
+        return LOADERS[path.suffix](path)
+    if path.exists():
+        raise ModelError(f"cannot tell the format of {spec}: use .onnx, .pt2, .py/.tvmscript/.relax")
+    return load_zoo(spec)

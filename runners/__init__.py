@@ -1,0 +1,1 @@
+"""Runners: build a plan or a region into something runnable, and time it."""

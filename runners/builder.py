@@ -1,0 +1,78 @@
+"""Build a partitioned model: BYOC codegens for offloaded regions, TVM for the rest.
+
+Runners know how to build and time, not what is being searched: the builder takes a
+validated plan and a model and hands back a runnable Relax VM.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from backends import registry
+from search import partition
+from search.graph import DataflowGraph
+from search.plan import Plan
+from search.scopes import SEScope
+
+_installed: set[str] = set()
+
+
+def install_codegen(backend_name: str) -> None:
+    """Register ``relax.ext.<codegen>`` so RunCodegen hands this backend its regions."""
+    backend = registry.get(backend_name)
+    if backend.codegen is None or backend.codegen in _installed:
+        return
+
+    def codegen(funcs, options, constant_names) -> list:
+        for func in funcs:
+            scope = SEScope.from_json(json.loads(str(func.attrs[partition.SCOPE_ATTR])))
+            kernel = backend.build_region(func, scope, registry.threads())
+            tvm.register_global_func(str(func.attrs["global_symbol"]), kernel, override=True)
+        return []  # kernels live in the global registry, where the VM finds them
+
+    tvm.register_global_func(f"relax.ext.{backend.codegen}", codegen, override=True)
+    _installed.add(backend.codegen)
+
+
+@dataclass
+class BuiltModel:
+    """A runnable partitioned model."""
+
+    vm: relax.VirtualMachine
+    device: tvm.runtime.Device
+    module: tvm.IRModule  # the partitioned module, before codegen
+
+    def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        out = self.vm["main"](*[tvm.runtime.tensor(a, self.device) for a in inputs])
+        return _flatten(out)
+
+    def prepare(self, inputs: list[np.ndarray]):
+        """A no-argument callable running the model on device-resident inputs (for timing)."""
+        args = [tvm.runtime.tensor(a, self.device) for a in inputs]
+        main = self.vm["main"]
+        return lambda: main(*args)
+
+
+def _flatten(out) -> list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    return [a for o in out for a in _flatten(o)]
+
+
+def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltModel:
+    """Validate ``plan`` against the model, partition, run the codegens and compile."""
+    plan.validate(graph, registry.names())
+    partitioned = partition.apply(plan, mod, graph, lambda b: registry.get(b).codegen)
+    for name in plan.backends:
+        install_codegen(name)
+    lowered = relax.transform.RunCodegen()(partitioned)
+    host = plan.config.host
+    native = registry.get(registry.NATIVE)
+    ex = native.compile(lowered, host.tvm_target())  # type: ignore[attr-defined]
+    device = tvm.device(host.device_type or "cpu", host.virtual_device_id or 0)
+    return BuiltModel(relax.VirtualMachine(ex, device), device, partitioned)

@@ -1,0 +1,1 @@
+"""Partune's search: graphs, SEScopes, partition rules, candidates, plans."""

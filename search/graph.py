@@ -1,0 +1,228 @@
+"""DataflowGraph: the bindings of a Relax ``main`` as an indexed graph.
+
+Partition rules, plans and the cost model all speak in node indices of this graph, so
+it is the one place that knows how Relax bindings map to nodes. Nodes are in post-DFS
+(binding) order, which is a topological order: every producer has a smaller index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+from functools import cached_property
+
+import tvm
+from tvm import relax
+
+
+class OpKind(IntEnum):
+    """TVM's op-pattern kinds, ordered as TVM orders them (fusion decisions compare them)."""
+
+    ELEMWISE = 0
+    BROADCAST = 1
+    INJECTIVE = 2
+    REDUCTION = 3
+    OUT_ELEMWISE_FUSABLE = 4
+    TUPLE = 7
+    OPAQUE = 8
+
+
+_ELEMWISE_OPS = {
+    "add", "subtract", "multiply", "divide", "floor_divide", "power", "maximum", "minimum",
+    "nn.relu", "nn.gelu", "nn.gelu_tanh", "nn.silu", "sigmoid", "tanh", "erf", "exp", "log",
+    "sqrt", "rsqrt", "clip", "negative", "abs", "where", "equal", "not_equal", "less",
+    "less_equal", "greater", "greater_equal", "logical_not", "logical_and", "logical_or",
+    "bitwise_and", "bitwise_or", "astype", "round", "floor", "ceil", "sin", "cos", "square",
+}
+_INJECTIVE_OPS = {
+    "reshape", "permute_dims", "broadcast_to", "expand_dims", "squeeze", "concat", "split",
+    "strided_slice", "take", "nn.pad", "full", "full_like", "zeros", "zeros_like", "ones",
+    "ones_like", "arange", "index_tensor", "flatten", "layout_transform", "tile", "repeat",
+}
+_REDUCTION_OPS = {"sum", "mean", "max", "min", "prod", "variance", "argmax", "argmin"}
+_OUT_FUSABLE_OPS = {
+    "nn.conv2d", "nn.conv1d", "matmul", "linear", "nn.max_pool2d", "nn.avg_pool2d",
+    "nn.adaptive_avg_pool2d", "nn.conv2d_transpose",
+}
+
+
+def _short(op_name: str) -> str:
+    return op_name[len("relax."):] if op_name.startswith("relax.") else op_name
+
+
+def _tensor_types(ty) -> list[relax.TensorType]:
+    if isinstance(ty, relax.TensorType):
+        return [ty]
+    if isinstance(ty, relax.TupleType):
+        return [t for f in ty.fields for t in _tensor_types(f)]
+    return []
+
+
+def _shape(t: relax.TensorType) -> tuple[int, ...] | None:
+    if t.shape is None or not hasattr(t.shape, "values"):
+        return None
+    try:
+        return tuple(int(v) for v in t.shape.values)
+    except TypeError:  # symbolic dimension
+        return None
+
+
+def _nbytes(t: relax.TensorType) -> int:
+    shape = _shape(t)
+    if shape is None:
+        return 0
+    bits = tvm.runtime.DataType(t.dtype).bits if t.dtype else 32
+    return math.prod(shape) * max(bits, 8) // 8
+
+
+@dataclass(frozen=True)
+class Node:
+    """One binding of main: what it computes and what it reads."""
+
+    index: int
+    name: str
+    op: str  # "add", "nn.conv2d", "tuple", "get_item", "const", "alias", ...
+    kind: OpKind
+    inputs: tuple[int, ...]  # indices of producer nodes (params and constants excluded)
+    shapes: tuple[tuple[int, ...] | None, ...]  # one per tensor output
+    dtypes: tuple[str, ...]
+    flops: int
+    bytes: int
+    attrs: str  # op attributes as text: part of the fingerprint
+
+
+def _op_name(value: relax.Expr) -> str:
+    if isinstance(value, relax.Call):
+        return _short(value.op.name) if isinstance(value.op, tvm.ir.Op) else "call"
+    if isinstance(value, relax.Tuple):
+        return "tuple"
+    if isinstance(value, relax.TupleGetItem):
+        return "get_item"
+    if isinstance(value, tvm.ir.Constant):
+        return "const"
+    if isinstance(value, relax.Var):
+        return "alias"
+    return type(value).__name__.lower()
+
+
+def _kind(op: str, in_shapes: list, out_shapes: list) -> OpKind:
+    if op in _ELEMWISE_OPS:
+        same = all(s == out_shapes[0] for s in in_shapes) if out_shapes else True
+        return OpKind.ELEMWISE if same else OpKind.BROADCAST
+    if op in _INJECTIVE_OPS or op in {"get_item", "const", "alias"}:
+        return OpKind.INJECTIVE
+    if op in _REDUCTION_OPS:
+        return OpKind.REDUCTION
+    if op in _OUT_FUSABLE_OPS:
+        return OpKind.OUT_ELEMWISE_FUSABLE
+    if op == "tuple":
+        return OpKind.TUPLE
+    return OpKind.OPAQUE
+
+
+def _flops(op: str, value: relax.Expr, in_types: list, out_types: list) -> int:
+    outs = [_shape(t) for t in out_types]
+    out_elems = sum(math.prod(s) for s in outs if s is not None)
+    if op == "matmul" and len(in_types) == 2:
+        a = _shape(in_types[0])
+        if a and outs and outs[0] is not None:
+            return 2 * math.prod(outs[0]) * a[-1]
+    if op in ("nn.conv2d", "nn.conv1d") and len(in_types) == 2:
+        w = _shape(in_types[1])  # OIHW
+        if w and outs and outs[0] is not None:
+            return 2 * math.prod(outs[0]) * math.prod(w[1:])
+    if op in _ELEMWISE_OPS:
+        return out_elems
+    if op in _REDUCTION_OPS or op in ("nn.softmax", "nn.layer_norm", "nn.batch_norm"):
+        return sum(math.prod(_shape(t) or (0,)) for t in in_types[:1]) * (5 if op.startswith("nn.") else 1)
+    if op in ("nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d"):
+        return sum(math.prod(_shape(t) or (0,)) for t in in_types[:1])
+    return 0
+
+
+def _args(value: relax.Expr) -> list[relax.Expr]:
+    if isinstance(value, relax.Call):
+        return list(value.args)
+    if isinstance(value, relax.Tuple):
+        return list(value.fields)
+    if isinstance(value, relax.TupleGetItem):
+        return [value.tuple_value]
+    if isinstance(value, relax.Var):
+        return [value]
+    return []
+
+
+def main_bindings(func: relax.Function) -> list[relax.Binding]:
+    """All bindings of a function body, across its blocks, in order."""
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return []
+    return [b for block in body.blocks for b in block.bindings]
+
+
+@dataclass(frozen=True)
+class DataflowGraph:
+    """Nodes of main in post-DFS order, plus which nodes feed main's result."""
+
+    nodes: tuple[Node, ...]
+    outputs: tuple[int, ...]  # nodes whose values main returns
+    param_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @cached_property
+    def consumers(self) -> tuple[tuple[int, ...], ...]:
+        out: list[list[int]] = [[] for _ in self.nodes]
+        for n in self.nodes:
+            for i in n.inputs:
+                out[i].append(n.index)
+        return tuple(tuple(c) for c in out)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Stable across processes: ops, attributes, shapes, dtypes and edges."""
+        doc = [self.param_names, self.outputs,
+               [(n.op, n.attrs, n.inputs, n.shapes, n.dtypes) for n in self.nodes]]
+        return hashlib.sha256(json.dumps(doc, default=str).encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_function(cls, func: relax.Function) -> DataflowGraph:
+        index: dict[relax.Var, int] = {}
+        nodes = []
+        for i, binding in enumerate(main_bindings(func)):
+            value = binding.value
+            op = _op_name(value)
+            args = _args(value)
+            in_types = [t for a in args if isinstance(a, relax.Expr) and hasattr(a, "ty")
+                        for t in _tensor_types(a.ty)]
+            out_types = _tensor_types(binding.var.ty)
+            inputs = tuple(dict.fromkeys(index[a] for a in args if isinstance(a, relax.Var) and a in index))
+            attrs = str(value.attrs) if isinstance(value, relax.Call) and value.attrs is not None else ""
+            if op == "get_item":
+                attrs = str(value.index)
+            nodes.append(Node(
+                index=i, name=binding.var.name, op=op,
+                kind=_kind(op, [_shape(t) for t in in_types], [_shape(t) for t in out_types]),
+                inputs=inputs, shapes=tuple(_shape(t) for t in out_types),
+                dtypes=tuple(str(t.dtype) for t in out_types),
+                flops=_flops(op, value, in_types, out_types),
+                bytes=sum(_nbytes(t) for t in in_types) + sum(_nbytes(t) for t in out_types),
+                attrs=attrs,
+            ))
+            index[binding.var] = i
+        result = func.body.body if isinstance(func.body, relax.SeqExpr) else func.body
+        outs = [index[v] for v in _args(result) if isinstance(v, relax.Var) and v in index]
+        if isinstance(result, relax.Var) and result in index:
+            outs = [index[result]]
+        return cls(tuple(nodes), tuple(dict.fromkeys(outs)), tuple(p.name for p in func.params))
+
+    def describe(self, indices: list[int] | None = None) -> str:
+        """One line per node, for people reading a plan."""
+        rows = []
+        for n in self.nodes if indices is None else (self.nodes[i] for i in indices):
+            rows.append(f"{n.index:4d} {n.name:>8} = {n.op:<22} {n.kind.name:<20} <- {list(n.inputs)}")
+        return "\n".join(rows)

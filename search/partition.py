@@ -1,0 +1,167 @@
+"""Apply a plan to a Relax module: lift each offloaded region into a BYOC function.
+
+Regions of native TVM stay in ``main`` and go through TVM's own lowering. Every other
+region becomes a global function with attributes ``Codegen`` (the backend's codegen
+name), ``global_symbol`` and ``partune.scope`` (its SEScope as JSON), called from main;
+``relax.transform.RunCodegen`` later hands these functions to the backends.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import tvm
+from tvm import relax
+
+from search.graph import DataflowGraph, main_bindings
+from search.plan import Plan, Region, region_order
+
+SCOPE_ATTR = "partune.scope"
+
+
+def _substitute(expr: relax.Expr, env: dict[relax.Var, relax.Expr]) -> relax.Expr:
+    """``expr`` with variables replaced by ``env`` (one level of tuple nesting in args)."""
+    if isinstance(expr, relax.Var):
+        return env.get(expr, expr)
+    if isinstance(expr, relax.Tuple):
+        return relax.Tuple([_substitute(f, env) for f in expr.fields])
+    if isinstance(expr, relax.TupleGetItem):
+        return relax.TupleGetItem(_substitute(expr.tuple_value, env), expr.index)
+    if isinstance(expr, relax.Call):
+        return relax.Call(expr.op, [_substitute(a, env) for a in expr.args], expr.attrs,
+                          expr.ty_args)
+    return expr
+
+
+def _free_vars(bindings: list[relax.Binding]) -> list[relax.Var]:
+    """Variables read by ``bindings`` but bound outside them, in first-use order."""
+    bound = {b.var for b in bindings}
+    seen: dict[relax.Var, None] = {}
+
+    def visit(e: relax.Expr) -> None:
+        if isinstance(e, relax.Var):
+            if e not in bound:
+                seen.setdefault(e, None)
+        elif isinstance(e, relax.Tuple):
+            for f in e.fields:
+                visit(f)
+        elif isinstance(e, relax.TupleGetItem):
+            visit(e.tuple_value)
+        elif isinstance(e, relax.Call):
+            for a in e.args:
+                visit(a)
+
+    for b in bindings:
+        visit(b.value)
+    return list(seen)
+
+
+def _used_outside(graph: DataflowGraph, region: set[int]) -> list[int]:
+    """Nodes of ``region`` read by another region or returned by main."""
+    outs = set(graph.outputs)
+    return [n for n in sorted(region)
+            if n in outs or any(c not in region for c in graph.consumers[n])]
+
+
+def lift_region(bindings: list[relax.Binding], exits: list[relax.Var], name: str,
+                attrs: dict[str, str]) -> tuple[relax.Function, list[relax.Expr], Callable]:
+    """Make a function of ``bindings`` returning ``exits``.
+
+    Returns the function, its call arguments (to be substituted in the caller) and a
+    function giving, per exit, the expression that rebuilds it from the call's result.
+    Tuples crossing the boundary travel as their fields, since a destination-passing
+    kernel reads and writes tensors only.
+    """
+    free = _free_vars(bindings)
+    # Tuple-typed inputs are passed field by field: kernels take tensors only.
+    args: list[relax.Expr] = []
+    params: list[relax.Var] = []
+    for a in free:
+        if isinstance(a.ty, relax.TupleType):
+            for i, f in enumerate(a.ty.fields):
+                args.append(relax.TupleGetItem(a, i))
+                params.append(relax.Var(f"{a.name}_{i}", f))
+        else:
+            args.append(a)
+            params.append(relax.Var(a.name, a.ty))
+    bb = relax.BlockBuilder()
+    flat: list[relax.Expr] = []
+    shapes: list[tuple[int, int]] = []  # per exit: (start in flat, field count or -1)
+    with bb.function(name, params, attrs=attrs, private=False):
+        with bb.dataflow():
+            env: dict[relax.Var, relax.Expr] = {}
+            k = 0
+            for a in free:
+                if isinstance(a.ty, relax.TupleType):
+                    n = len(a.ty.fields)
+                    env[a] = bb.emit(relax.Tuple(params[k:k + n]))
+                    k += n
+                else:
+                    env[a] = params[k]
+                    k += 1
+            for b in bindings:
+                env[b.var] = bb.emit(_substitute(b.value, env), name_hint=b.var.name)
+            for v in exits:
+                ty = v.ty
+                if isinstance(ty, relax.TupleType):
+                    start = len(flat)
+                    for i in range(len(ty.fields)):
+                        flat.append(bb.emit(relax.TupleGetItem(env[v], i)))
+                    shapes.append((start, len(ty.fields)))
+                else:
+                    shapes.append((len(flat), -1))
+                    flat.append(env[v])
+            out = flat[0] if len(flat) == 1 else relax.Tuple(flat)
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    func = bb.get()[name]
+
+    def rebuild(result: relax.Expr) -> list[relax.Expr]:
+        def item(i: int) -> relax.Expr:
+            return result if len(flat) == 1 else relax.TupleGetItem(result, i)
+
+        return [item(s) if n == -1 else relax.Tuple([item(s + k) for k in range(n)])
+                for s, n in shapes]
+
+    return func, args, rebuild
+
+
+def apply(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph,
+          codegen_of: Callable[[str], str | None]) -> tvm.IRModule:
+    """Rewrite ``mod`` so each region runs on its plan's SEScope.
+
+    ``codegen_of(backend)`` gives a backend's BYOC codegen name, or None for native TVM.
+    The plan must already be validated against ``graph``.
+    """
+    func = mod["main"]
+    bindings = main_bindings(func)
+    new_mod = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"})
+    bb = relax.BlockBuilder(new_mod)
+    params = [relax.Var(p.name, p.ty) for p in func.params]
+    env: dict[relax.Var, relax.Expr] = dict(zip(func.params, params, strict=True))
+    regions: tuple[Region, ...] = plan.regions
+    with bb.function("main", params, attrs=dict(func.attrs) if func.attrs else None):
+        with bb.dataflow():
+            for k in region_order(graph, regions):
+                region = regions[k]
+                nodes = sorted(region.nodes)
+                codegen = codegen_of(region.backend)
+                if codegen is None:
+                    for n in nodes:
+                        b = bindings[n]
+                        env[b.var] = bb.emit(_substitute(b.value, env), name_hint=b.var.name)
+                    continue
+                exits = [bindings[n].var for n in _used_outside(graph, set(nodes))]
+                symbol = f"{codegen}_r{k}_{nodes[0]}"
+                attrs = {"Codegen": codegen, "global_symbol": symbol,
+                         SCOPE_ATTR: json.dumps(region.scope.to_json())}
+                lifted, args, rebuild = lift_region([bindings[n] for n in nodes], exits, symbol, attrs)
+                gv = bb.add_func(lifted, symbol)
+                call = bb.emit(relax.Call(gv, [_substitute(a, env) for a in args]), name_hint=symbol)
+                for v, e in zip(exits, rebuild(call), strict=True):
+                    env[v] = bb.emit(e, name_hint=v.name) if not isinstance(e, relax.Var) else e
+            result = _substitute(func.body.body, env)
+            out = bb.emit_output(result)
+        bb.emit_func_output(out)
+    return bb.get()

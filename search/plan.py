@@ -1,0 +1,189 @@
+"""Plan: which SEScope runs which nodes of a model. JSON, no pickle.
+
+A plan is the product of the search and the input of deployment, so it must survive
+being written, read back, and checked against the model it is applied to.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from search.errors import PlanError
+from search.graph import DataflowGraph
+from search.scopes import CompilationConfig, ScopeError, SEScope
+
+FORMAT = "partune-plan/1"
+
+
+@dataclass(frozen=True)
+class Region:
+    """Node indices offloaded together to one SEScope, with the measured cost if known."""
+
+    nodes: tuple[int, ...]
+    scope: SEScope
+    cost_s: float | None = None
+
+    @property
+    def backend(self) -> str:
+        assert self.scope.backend is not None
+        return self.scope.backend
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"nodes": list(self.nodes), "scope": self.scope.to_json()}
+        if self.cost_s is not None:
+            out["cost_s"] = self.cost_s
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Region:
+        return cls(tuple(int(i) for i in data["nodes"]), SEScope.from_json(data["scope"]),
+                   data.get("cost_s"))
+
+
+def tool_versions() -> dict[str, str]:
+    """Versions that decide whether a plan's costs still hold."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("partune", "apache-tvm", "torch", "onnxruntime"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Disjoint regions covering every node of the model's DataflowGraph."""
+
+    model: str
+    fingerprint: str
+    config: CompilationConfig
+    regions: tuple[Region, ...]
+    versions: dict[str, str] = field(default_factory=tool_versions, compare=False)
+    notes: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.backend for r in self.regions))
+
+    def estimated_cost_s(self) -> float | None:
+        costs = [r.cost_s for r in self.regions]
+        return None if any(c is None for c in costs) else sum(costs)  # type: ignore[arg-type]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "model": self.model, "fingerprint": self.fingerprint,
+                "config": self.config.to_json(), "regions": [r.to_json() for r in self.regions],
+                "versions": self.versions, "notes": self.notes}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise PlanError(f"not a Partune plan (expected format '{FORMAT}')")
+        try:
+            return cls(model=data["model"], fingerprint=data["fingerprint"],
+                       config=CompilationConfig.from_json(data["config"]),
+                       regions=tuple(Region.from_json(r) for r in data["regions"]),
+                       versions=dict(data.get("versions", {})), notes=dict(data.get("notes", {})))
+        except (KeyError, TypeError, ValueError, ScopeError) as e:
+            raise PlanError(f"malformed plan: {e}") from e
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise PlanError(f"cannot read plan {path}: {e.strerror}") from e
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"plan {path} is not JSON: {e.msg} at line {e.lineno}") from e
+        return cls.from_json(data)
+
+    def validate(self, graph: DataflowGraph, known_backends: tuple[str, ...]) -> None:
+        """Raise PlanError unless this plan fits ``graph`` and names only known backends."""
+        if self.fingerprint != graph.fingerprint:
+            raise PlanError(f"plan is for another model (fingerprint {self.fingerprint}, "
+                            f"model has {graph.fingerprint})")
+        owner: dict[int, int] = {}
+        for r_index, region in enumerate(self.regions):
+            if region.scope.backend not in known_backends:
+                raise PlanError(f"plan names unknown backend '{region.scope.backend}' "
+                                f"(known: {', '.join(known_backends)})")
+            for node in region.nodes:
+                if not 0 <= node < len(graph):
+                    raise PlanError(f"plan names node {node}, model has {len(graph)} nodes")
+                if node in owner:
+                    raise PlanError(f"node {node} is in two regions ({owner[node]} and {r_index})")
+                owner[node] = r_index
+        missing = [i for i in range(len(graph)) if i not in owner]
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise PlanError(f"plan leaves {len(missing)} node(s) uncovered: "
+                            f"{', '.join(map(str, missing[:5]))}{more}")
+        region_order(graph, self.regions)  # raises on cyclic region dependencies
+
+
+def region_order(graph: DataflowGraph, regions: tuple[Region, ...]) -> list[int]:
+    """A topological order of regions (ties by smallest node); PlanError when cyclic.
+
+    Each region must be convex and the regions together acyclic, or no program can run
+    them one after another.
+    """
+    owner = {n: i for i, r in enumerate(regions) for n in r.nodes}
+    deps: list[set[int]] = [set() for _ in regions]
+    for i, region in enumerate(regions):
+        for n in region.nodes:
+            for p in graph.nodes[n].inputs:
+                if owner[p] != i:
+                    deps[i].add(owner[p])
+    order, done = [], set()
+    pending = sorted(range(len(regions)), key=lambda i: min(regions[i].nodes, default=0))
+    while pending:
+        ready = next((i for i in pending if deps[i] <= done), None)
+        if ready is None:
+            raise PlanError("plan regions depend on each other in a cycle (a region is not convex)")
+        order.append(ready)
+        done.add(ready)
+        pending.remove(ready)
+    return order
+
+
+def contiguous_runs(nodes: list[int]) -> list[tuple[int, ...]]:
+    """Split sorted node indices into runs of consecutive indices.
+
+    A run of consecutive nodes in post-DFS order is always convex: a path leaving it and
+    coming back would pass a node ordered between two of its members.
+    """
+    runs: list[list[int]] = []
+    for n in sorted(nodes):
+        if runs and runs[-1][-1] == n - 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return [tuple(r) for r in runs]
+
+
+def single_backend_plan(model: str, graph: DataflowGraph, config: CompilationConfig,
+                        backend: str, accepted: set[int]) -> Plan:
+    """All that ``backend`` accepts goes to it (in convex runs), the rest to the default."""
+    fallback = config.default
+    scope = config.scope_for(backend)
+    regions = []
+    if backend == fallback.backend:
+        accepted = set(range(len(graph)))
+    for run in contiguous_runs(list(accepted)):
+        regions.append(Region(run, scope))
+    for run in contiguous_runs([i for i in range(len(graph)) if i not in accepted]):
+        regions.append(Region(run, fallback))
+    regions.sort(key=lambda r: r.nodes[0])
+    return Plan(model, graph.fingerprint, config, tuple(regions),
+                notes={"kind": f"single-backend {backend}"})
