@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from enum import Enum
+from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from search.scopes import SEScope
 
 
-class Level(str, Enum):
+class Level(StrEnum):
     """How much of a model a backend takes at once."""
 
     LIBRARY = "library"  # op-level kernels (cuDNN-like): one op or small composite
@@ -26,7 +26,7 @@ class Level(str, Enum):
     NATIVE = "native"  # TVM's own lowering: takes everything
 
 
-class FusionStyle(str, Enum):
+class FusionStyle(StrEnum):
     """Which regions a backend can run as one unit (picks its partition rule)."""
 
     NONE = "none"  # single ops / composites only

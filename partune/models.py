@@ -8,6 +8,7 @@ build for TVMScript), so any plan can be checked against it.
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -161,10 +162,14 @@ def load_onnx(path: Path) -> Model:
 
 
 def load_tvmscript(path: Path) -> Model:
+    # The parser takes the module itself; import lines around it are for Python only.
+    text = "\n".join("" if re.match(r"(from|import)\s", line) else line
+                     for line in path.read_text().splitlines())
     try:
-        mod = tvm.script.from_source(path.read_text())
+        mod = tvm.script.from_source(text)
     except Exception as e:
-        raise ModelError(f"cannot parse TVMScript {path}: {str(e).splitlines()[-1][:200]}") from e
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise ModelError(f"cannot parse TVMScript {path}: {first[:200]}") from e
     if not isinstance(mod, tvm.IRModule) or "main" not in [g.name_hint for g in mod.get_global_vars()]:
         raise ModelError(f"{path} has no Relax function 'main'")
     func = mod["main"]
@@ -173,7 +178,7 @@ def load_tvmscript(path: Path) -> Model:
         ty = p.ty
         if not isinstance(ty, relax.TensorType) or ty.shape is None:
             raise ModelError(f"{path}: parameter '{p.name}' needs a static tensor shape")
-        inputs.append(_random_input(tuple(int(v) for v in ty.shape.values), ty.dtype, SEED + k))
+        inputs.append(_random_input(tuple(int(v) for v in ty.shape.values), str(ty.dtype), SEED + k))
     from backends.tvm_backend import compile_module  # the reference is the untuned TVM build
 
     mod = normalise(mod)

@@ -1,0 +1,64 @@
+"""Small model files of every supported format, written on the fly (nothing downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+TVMSCRIPT = '''
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+
+@I.ir_module
+class Module:
+    @R.function
+    def main(x: R.Tensor((2, 16), "float32"), w: R.Tensor((16, 8), "float32")) -> R.Tensor((2, 8), "float32"):
+        with R.dataflow():
+            y = R.matmul(x, w)
+            z = R.nn.relu(y)
+            s = R.nn.softmax(z, axis=-1)
+            R.output(s)
+        return s
+'''
+
+
+def write_tvmscript(path: Path) -> Path:
+    path.write_text(TVMSCRIPT)
+    return path
+
+
+def write_onnx(path: Path) -> Path:
+    """A small conv -> relu -> global-pool -> gemm classifier as ONNX."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype("float32") * 0.3, "w")
+    b = numpy_helper.from_array(rng.standard_normal(8).astype("float32"), "b")
+    fc = numpy_helper.from_array(rng.standard_normal((8, 4)).astype("float32"), "fc")
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("MatMul", ["f", "fc"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [w, b, fc])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def write_pt2(path: Path) -> Path:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                torch.nn.Linear(32, 4)).eval()
+    ep = torch.export.export(model, (torch.randn(2, 16),))
+    torch.export.save(ep, str(path))
+    return path

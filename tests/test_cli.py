@@ -1,0 +1,75 @@
+"""Bad input: one line on stderr, exit code 2, no traceback."""
+
+import json
+
+import pytest
+
+from partune.cli import main
+from search.plan import single_backend_plan
+from search.scopes import CompilationConfig
+from tests.model_files import write_tvmscript
+
+
+def _fails_cleanly(capsys, argv, match):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("partune: error:") and match in err, err
+
+
+@pytest.fixture
+def plan_file(tmp_path, bert):
+    def write(mutate=lambda d: d):
+        data = single_backend_plan(bert.name, bert.graph, CompilationConfig.for_cpu(["tvm"]), "tvm", set()).to_json()
+        path = tmp_path / "plan.json"
+        path.write_text(json.dumps(mutate(data)))
+        return str(path)
+    return write
+
+
+def test_unknown_model(capsys):
+    _fails_cleanly(capsys, ["run", "no-such-model"], "unknown model 'no-such-model'")
+
+
+def test_corrupt_model_file(capsys, tmp_path):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"\x08\x07garbage")
+    _fails_cleanly(capsys, ["run", str(bad)], "cannot read ONNX model")
+
+
+def test_unknown_backend(capsys):
+    _fails_cleanly(capsys, ["run", "bert-small", "--backend", "tensorrt"], "unknown backend 'tensorrt'")
+
+
+def test_plan_for_another_model(capsys, plan_file, tmp_path):
+    script = write_tvmscript(tmp_path / "other.py")
+    _fails_cleanly(capsys, ["run", str(script), "--plan", plan_file()], "another model")
+
+
+def test_plan_with_unknown_backend(capsys, plan_file):
+    def mutate(d):
+        d["regions"][0]["scope"]["backend"] = "cudnn"
+        return d
+    _fails_cleanly(capsys, ["run", "bert-small", "--plan", plan_file(mutate)], "unknown backend 'cudnn'")
+
+
+def test_plan_leaving_nodes_uncovered(capsys, plan_file):
+    def mutate(d):
+        d["regions"][0]["nodes"] = d["regions"][0]["nodes"][:-3]
+        return d
+    _fails_cleanly(capsys, ["run", "bert-small", "--plan", plan_file(mutate)], "uncovered")
+
+
+def test_overlapping_plan(capsys, plan_file):
+    def mutate(d):
+        d["regions"].append({"nodes": [0, 1], "scope": d["regions"][0]["scope"]})
+        return d
+    _fails_cleanly(capsys, ["run", "bert-small", "--plan", plan_file(mutate)], "in two regions")
+
+
+def test_run_prints_latency_and_error(capsys, tmp_path):
+    saved = tmp_path / "p.json"
+    assert main(["run", str(write_tvmscript(tmp_path / "m.py")), "--save-plan", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "latency" in out and "max |err|" in out
+    assert json.loads(saved.read_text())["regions"]
