@@ -8,7 +8,7 @@ through this interface.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar
 
@@ -67,6 +67,10 @@ class Backend(ABC):
         and returns a tensor or a tuple of tensors. The kernel writes into the output
         tensors it is given (destination-passing style).
         """
+
+    def patterns(self) -> Sequence[tuple[str, object]]:
+        """Named composite patterns (``tvm.relax.dpl``) this backend runs as one call."""
+        return ()
 
     def set_threads(self, threads: int) -> None:  # noqa: B027 - optional hook
         """Apply the process-wide thread count to this backend's library."""

@@ -153,6 +153,156 @@ def _peer_run(run):
     return run, _flatten(run())
 
 
+def parse_duration(text: str) -> float:
+    """'90s', '15m', '8h', '1d' or plain seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        from search.errors import PartuneError
+
+        raise PartuneError(f"bad duration '{text}': use e.g. 90s, 15m, 8h") from None
+
+
+def parse_pins(specs: list[str], model) -> dict:
+    """--pin SELECTOR=BACKEND; SELECTOR is a node index, a range a-b, or an op name."""
+    from search.errors import PartuneError
+    from search.scopes import SEScope
+
+    pins = {}
+    for spec in specs or []:
+        sel, _, backend = spec.partition("=")
+        if not backend:
+            raise PartuneError(f"bad --pin '{spec}': expected SELECTOR=BACKEND")
+        if sel.isdigit():
+            nodes = [int(sel)]
+        elif "-" in sel and sel.replace("-", "").isdigit():
+            a, b = sel.split("-")
+            nodes = list(range(int(a), int(b) + 1))
+        else:
+            nodes = [n.index for n in model.graph.nodes if n.op == sel]
+        if not nodes or any(not 0 <= n < len(model.graph) for n in nodes):
+            raise PartuneError(f"--pin '{spec}' selects no node of {model.name}")
+        for n in nodes:
+            pins[n] = SEScope(backend=backend)
+    return pins
+
+
+def make_runner(spec: str, timeout_s: float, threads: int):
+    from runners.local import LocalRunner
+    from search.errors import PartuneError
+
+    if spec == "local":
+        return LocalRunner(timeout_s=timeout_s, threads=threads)
+    if spec.startswith("rpc://"):
+        from runners.rpc import RPCRunner
+
+        address, _, key = spec[len("rpc://"):].partition("/")
+        if not key:
+            raise PartuneError(f"bad runner '{spec}': expected rpc://HOST:PORT/KEY")
+        return RPCRunner(address, key, timeout_s=timeout_s, threads=threads)
+    raise PartuneError(f"unknown runner '{spec}': use local or rpc://HOST:PORT/KEY")
+
+
+class _Bars:
+    """tqdm progress bars, one per phase of the search."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def start_phase(self, name: str, total: int) -> None:
+        from tqdm import tqdm
+
+        if self.bar is not None:
+            self.bar.close()
+        self.bar = tqdm(total=total, desc=name, unit="run", file=sys.stderr, dynamic_ncols=True)
+
+    def advance(self, status: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(status[:60], refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def summarise(result, model) -> str:
+    """The closing summary: where time goes per backend, the plan against the others."""
+    plan = result.plan
+    lines = [f"plan for {model.name}: {plan.notes.get('chosen_as')}, "
+             f"{plan.notes['measured_s'] * 1e3:.3f} ms measured end to end"]
+    if result.cover is not None:
+        measured = result.end_to_end.get("partune dp")
+        est = result.cover.cost_s * 1e3
+        lines.append(f"DP estimate {est:.3f} ms vs measured "
+                     + (f"{measured.median_s * 1e3:.3f} ms" if measured and measured.ok else "n/a")
+                     + f" ({result.cover.states} DP states)")
+    total = sum(r.cost_s or 0.0 for r in plan.regions) or 1.0
+    lines.append(f"| {'backend':<12} | {'regions':>7} | {'ops':>5} | {'share of time':>13} |")
+    lines.append("|--------------|---------|-------|---------------|")
+    for b in plan.backends:
+        regs = [r for r in plan.regions if r.backend == b]
+        share = sum(r.cost_s or 0.0 for r in regs) / total if plan.estimated_cost_s() else float("nan")
+        lines.append(f"| {b:<12} | {len(regs):>7} | {sum(len(r.nodes) for r in regs):>5} | {share:>12.1%} |")
+    best = min(m.median_s for m in result.end_to_end.values() if m.ok)
+    lines.append("")
+    lines.append(f"| {'plan':<16} | {'end to end ms':>13} | {'x fastest':>9} |")
+    lines.append("|------------------|---------------|-----------|")
+    for label, m in sorted(result.end_to_end.items(), key=lambda kv: kv[1].median_s):
+        ms = f"{m.median_s * 1e3:13.3f}" if m.ok else f"{'failed':>13}"
+        ratio = f"{m.median_s / best:9.2f}" if m.ok else f"{'-':>9}"
+        lines.append(f"| {label:<16} | {ms} | {ratio} |")
+    lines.append("")
+    lines.append(f"search {result.search_s:.1f} s; candidates {result.candidates}; measurements made "
+                 f"{result.measured} ({result.failed} failed), reused {result.reused}"
+                 + ("; stopped early at --timeout" if result.timed_out else ""))
+    return "\n".join(lines)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    import time
+
+    import optuna
+
+    from backends import registry
+    from partune.models import load
+    from search.store import MeasurementStore, device_fingerprint
+    from search.tune import Progress, tune
+
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    for b in backends:
+        registry.get(b)
+    deadline = time.monotonic() + parse_duration(args.timeout) if args.timeout else None
+    model = load(args.model)
+    pins = parse_pins(args.pin, model)
+    store = MeasurementStore(args.storage, device_fingerprint(args.threads))
+    bars = _Bars()
+    runner = make_runner(args.runner, parse_duration(args.measure_timeout), args.threads)
+    try:
+        result = tune(model, backends, runner, store, threads=args.threads, pins=pins,
+                      deadline=deadline, progress=Progress(bars.start_phase, bars.advance))
+    finally:
+        bars.close()
+        runner.close()
+    result.plan.save(args.output)
+    study = optuna.create_study(study_name=args.study or f"{model.name}:{','.join(backends)}",
+                                storage=store.storage, load_if_exists=True)
+    study.set_user_attr("best_plan", result.plan.to_json())
+    print(summarise(result, model))
+    print(f"plan written to {args.output}")
+    return 0
+
+
+def cmd_rpc_server(args: argparse.Namespace) -> int:
+    from runners.rpc import serve
+
+    serve(args.tracker, args.key, host=args.host, port=args.port, port_end=args.port_end)
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from partune.zoo import ZOO
 
@@ -195,6 +345,35 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--backends", help="comma-separated backends for single-backend plans (default: all)")
     b.add_argument("--peers", help="comma-separated peers: torch,torch.compile,onnxruntime (default: all)")
     b.set_defaults(func=cmd_bench)
+
+    t = sub.add_parser("tune", help="search the fastest partitioning (Collage DP on measured candidates)",
+                       description="Enumerate candidate regions per backend, measure each once "
+                       "(stored in Optuna storage and reused by every later run), pick the cheapest "
+                       "cover by DP, check it end to end against every single-backend plan, and "
+                       "write the fastest plan. Interrupt and rerun to resume.")
+    t.add_argument("model", metavar="MODEL")
+    t.add_argument("--backends", default="tvm,torch,onnxruntime",
+                   help="comma-separated backends on offer (default tvm,torch,onnxruntime)")
+    t.add_argument("--storage", default="sqlite:///partune.db",
+                   help="Optuna storage URL for measurements (default sqlite:///partune.db; "
+                        "postgresql://... for many workers)")
+    t.add_argument("--study", help="name of this tuning job in the storage (default MODEL:BACKENDS)")
+    t.add_argument("--runner", default="local", help="local, or rpc://HOST:PORT/KEY for a TVM RPC tracker")
+    t.add_argument("--timeout", help="stop measuring candidates after this long (e.g. 30m, 8h)")
+    t.add_argument("--measure-timeout", default="120s",
+                   help="limit for one measurement; a hang costs that candidate (default 120s)")
+    t.add_argument("--pin", action="append", metavar="SELECTOR=BACKEND",
+                   help="keep nodes on a backend: a node index, a range a-b, or an op name (repeatable)")
+    t.add_argument("-o", "--output", default="plan.json", help="where to write the plan (default plan.json)")
+    t.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("rpc-server", help="serve measurements to `partune tune --runner rpc://...`")
+    s.add_argument("--tracker", required=True, metavar="HOST:PORT", help="the TVM RPC tracker to register with")
+    s.add_argument("--key", required=True, help="device key clients ask the tracker for")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=9190, help="first port to try (default 9190)")
+    s.add_argument("--port-end", type=int, default=9290, help="last port to try (default 9290)")
+    s.set_defaults(func=cmd_rpc_server)
 
     sub.add_parser("models", help="list the built-in model zoo").set_defaults(func=cmd_models)
     sub.add_parser("backends", help="list the registered backends").set_defaults(func=cmd_backends)

@@ -15,7 +15,7 @@ from tvm import relax
 
 from backends import registry
 from search import partition
-from search.graph import DataflowGraph
+from search.graph import DataflowGraph, main_bindings
 from search.plan import Plan
 from search.scopes import SEScope
 
@@ -76,3 +76,28 @@ def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltMode
     ex = native.compile(lowered, host.tvm_target())  # type: ignore[attr-defined]
     device = tvm.device(host.device_type or "cpu", host.virtual_device_id or 0)
     return BuiltModel(relax.VirtualMachine(ex, device), device, partitioned)
+
+
+
+def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...],
+                   scope: SEScope, protocol: dict | None = None) -> dict:
+    """A request to measure ``nodes`` of main in isolation on ``scope``.
+
+    The region is lifted into a function of its own and shipped as TVM JSON, so the
+    worker needs nothing of the model but this text.
+    """
+    bindings = main_bindings(mod["main"])
+    exits = [bindings[n].var for n in partition.region_exits(graph, set(nodes))]
+    func, _, _ = partition.lift_region([bindings[n] for n in sorted(nodes)], exits, "region", {})
+    return {"kind": "region", "backend": scope.backend, "scope": scope.to_json(),
+            "module": tvm.ir.save_json(tvm.IRModule({"region": func})), "function": "region",
+            "protocol": protocol or {}}
+
+
+def plan_request(module_json: str, plan: Plan, inputs: list[np.ndarray],
+                 protocol: dict | None = None) -> dict:
+    """A request to build and time the whole model (``tvm.ir.save_json`` text) under ``plan``."""
+    from runners.worker import encode_array
+
+    return {"kind": "plan", "module": module_json, "plan": plan.to_json(),
+            "inputs": [encode_array(a) for a in inputs], "protocol": protocol or {}}

@@ -92,6 +92,7 @@ class Node:
     flops: int
     bytes: int
     attrs: str  # op attributes as text: part of the fingerprint
+    args: tuple[str, ...] = ()  # what each argument is: a node, a param or a constant, and its type
 
 
 def _op_name(value: relax.Expr) -> str:
@@ -155,6 +156,16 @@ def _args(value: relax.Expr) -> list[relax.Expr]:
     return []
 
 
+def _describe_arg(arg: relax.Expr, index: dict) -> str:
+    if isinstance(arg, relax.Var):
+        return "node" if arg in index else f"param:{arg.ty}"
+    if isinstance(arg, tvm.ir.Constant):
+        return f"const:{arg.ty}"
+    if isinstance(arg, relax.Tuple):
+        return "(" + ",".join(_describe_arg(f, index) for f in arg.fields) + ")"
+    return str(arg)
+
+
 def main_bindings(func: relax.Function) -> list[relax.Binding]:
     """All bindings of a function body, across its blocks, in order."""
     body = func.body
@@ -183,6 +194,17 @@ class DataflowGraph:
         return tuple(tuple(c) for c in out)
 
     @cached_property
+    def reach(self) -> tuple[int, ...]:
+        """Per node, a bitmask of the nodes reachable from it (itself included)."""
+        down = [0] * len(self.nodes)
+        for i in range(len(self.nodes) - 1, -1, -1):
+            mask = 1 << i
+            for c in self.consumers[i]:
+                mask |= down[c]
+            down[i] = mask
+        return tuple(down)
+
+    @cached_property
     def fingerprint(self) -> str:
         """Stable across processes: ops, attributes, shapes, dtypes and edges."""
         doc = [self.param_names, self.outputs,
@@ -202,6 +224,7 @@ class DataflowGraph:
             out_types = _tensor_types(binding.var.ty)
             inputs = tuple(dict.fromkeys(index[a] for a in args if isinstance(a, relax.Var) and a in index))
             attrs = str(value.attrs) if isinstance(value, relax.Call) and value.attrs is not None else ""
+            arg_desc = tuple(_describe_arg(a, index) for a in args)
             if op == "get_item":
                 attrs = str(value.index)
             nodes.append(Node(
@@ -211,7 +234,7 @@ class DataflowGraph:
                 dtypes=tuple(str(t.dtype) for t in out_types),
                 flops=_flops(op, value, in_types, out_types),
                 bytes=sum(_nbytes(t) for t in in_types) + sum(_nbytes(t) for t in out_types),
-                attrs=attrs,
+                attrs=attrs, args=arg_desc,
             ))
             index[binding.var] = i
         result = func.body.body if isinstance(func.body, relax.SeqExpr) else func.body

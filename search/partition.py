@@ -57,7 +57,7 @@ def _free_vars(bindings: list[relax.Binding]) -> list[relax.Var]:
     return list(seen)
 
 
-def _used_outside(graph: DataflowGraph, region: set[int]) -> list[int]:
+def region_exits(graph: DataflowGraph, region: set[int]) -> list[int]:
     """Nodes of ``region`` read by another region or returned by main."""
     outs = set(graph.outputs)
     return [n for n in sorted(region)
@@ -152,7 +152,7 @@ def apply(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph,
                         b = bindings[n]
                         env[b.var] = bb.emit(_substitute(b.value, env), name_hint=b.var.name)
                     continue
-                exits = [bindings[n].var for n in _used_outside(graph, set(nodes))]
+                exits = [bindings[n].var for n in region_exits(graph, set(nodes))]
                 symbol = f"{codegen}_r{k}_{nodes[0]}"
                 attrs = {"Codegen": codegen, "global_symbol": symbol,
                          SCOPE_ATTR: json.dumps(region.scope.to_json())}

@@ -1,0 +1,107 @@
+"""LocalRunner: measures in a worker process that has the backends registered.
+
+One long-lived worker (imports are paid once) measures requests one at a time; the
+parent enforces a timeout per request. A worker that crashes (a segfaulting kernel)
+or hangs is killed with its process group and replaced; the request is costed +inf
+with the error kept.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+from runners.runner import Runner
+from runners.timing import Measurement
+
+
+class LocalRunner(Runner):
+    def __init__(self, timeout_s: float = 120.0, threads: int = 1) -> None:
+        self.timeout_s = timeout_s
+        self.threads = threads
+        self._proc: subprocess.Popen | None = None
+        self._log = tempfile.TemporaryFile()
+
+    def _start(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            env = dict(os.environ, TVM_NUM_THREADS=str(self.threads), OMP_NUM_THREADS=str(self.threads),
+                       PYTHONWARNINGS="ignore")
+            self._log.seek(0)
+            self._log.truncate()
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "runners.worker_main"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True,
+                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        return self._proc
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self._proc.wait()
+            self._proc = None
+
+    def _log_tail(self) -> str:
+        self._log.seek(0)
+        lines = [ln for ln in self._log.read().decode(errors="replace").splitlines() if ln.strip()]
+        return lines[-1][:200] if lines else ""
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        fd = proc.stdout.fileno()
+        chunks, got = [], 0
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                raise TimeoutError
+            chunk = os.read(fd, n - got)
+            if not chunk:
+                raise ChildProcessError
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def run(self, request: dict) -> Measurement:
+        request = dict(request, threads=self.threads)
+        proc = self._start()
+        data = pickle.dumps(request)
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(struct.pack("<I", len(data)) + data)
+            proc.stdin.flush()
+            size = struct.unpack("<I", self._read(4, deadline))[0]
+            reply = pickle.loads(self._read(size, deadline))
+        except TimeoutError:
+            self._kill()
+            return Measurement.failed(f"timed out after {self.timeout_s:g} s")
+        except (ChildProcessError, BrokenPipeError, OSError):
+            code = proc.wait()
+            tail = self._log_tail()
+            self._proc = None
+            why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            return Measurement.failed(f"worker crashed ({why})" + (f": {tail}" if tail else ""))
+        return Measurement(**reply["measurement"])
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                assert self._proc.stdin is not None
+                self._proc.stdin.close()
+                self._proc.wait(timeout=5)
+            except (subprocess.TimeoutExpired, OSError):
+                pass
+        self._kill()

@@ -1,0 +1,86 @@
+"""RPCRunner: measures on a machine reached through a TVM RPC tracker and key.
+
+The remote side is ``partune rpc-server``: a TVM RPC server whose process has
+Partune's measuring function registered (Python backends must live in the server
+process), so a session can call it by name.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+from runners.runner import Runner
+from runners.timing import Measurement
+from search.errors import PartuneError
+
+MEASURE_FUNC = "partune.measure"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise PartuneError(f"bad address '{text}': expected HOST:PORT")
+    return host, int(port)
+
+
+class RPCRunner(Runner):
+    def __init__(self, tracker: str, key: str, timeout_s: float = 120.0, threads: int = 1) -> None:
+        import tvm.rpc
+
+        self.host, self.port = parse_address(tracker)
+        self.key, self.timeout_s, self.threads = key, timeout_s, threads
+        try:
+            self._tracker = tvm.rpc.connect_tracker(self.host, self.port)
+            summary = self._tracker.summary()
+        except Exception as e:  # noqa: BLE001 - socket and TVM errors alike
+            raise PartuneError(f"cannot reach RPC tracker {tracker}: {str(e).splitlines()[0][:120]}") from e
+        free = [s for s in summary.get("queue_info", {}) if s == key]
+        servers = [s for s in summary.get("server_info", []) if s.get("key", "").endswith(key)]
+        if not free and not servers:
+            raise PartuneError(f"RPC tracker {tracker} has no server with key '{key}'")
+
+    def run(self, request: dict) -> Measurement:
+        request = dict(request, threads=self.threads)
+        try:
+            sess = self._tracker.request(self.key, priority=1, session_timeout=self.timeout_s)
+            reply = json.loads(sess.get_function(MEASURE_FUNC)(json.dumps(request)))
+        except Exception as e:  # noqa: BLE001 - a crashed or timed-out session costs one request
+            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+            return Measurement.failed(f"rpc: {last[:200]}")
+        return Measurement(**reply["measurement"])
+
+
+def _register_in_server() -> None:
+    """Runs inside the RPC server process: make the measuring function callable by name."""
+    import warnings
+
+    import tvm
+
+    warnings.filterwarnings("ignore")
+    from runners.worker import handle_json
+
+    tvm.register_global_func(MEASURE_FUNC, handle_json, override=True)
+
+
+def serve(tracker: str, key: str, host: str = "127.0.0.1", port: int = 9190, port_end: int = 9290) -> None:
+    """Start a measuring RPC server registered with ``tracker`` under ``key``; block."""
+    import tvm.rpc
+
+    tracker_addr = parse_address(tracker)
+    server = tvm.rpc.Server(host=host, port=port, port_end=port_end, tracker_addr=tracker_addr,
+                            key=key, server_init_callback=_register_in_server, silent=True)
+    print(f"partune rpc-server: {host}:{server.port} registered as '{key}' with {tracker}", flush=True)
+    stop = {"now": False}
+
+    def on_signal(signum, frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        while not stop["now"]:
+            time.sleep(0.5)
+    finally:
+        server.terminate()

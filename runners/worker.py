@@ -1,0 +1,110 @@
+"""What runs where measurements are taken: a local worker process or an RPC server.
+
+Requests and replies are plain JSON-able dicts (arrays as base64 .npy), so the same
+function serves the local worker (over a pipe) and the RPC server (over TVM RPC).
+A crash or hang here costs the request, never the search that sent it.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import traceback
+
+import numpy as np
+
+from runners.timing import Measurement, Protocol, time_callable
+
+
+def encode_array(a: np.ndarray) -> str:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def decode_array(s: str) -> np.ndarray:
+    return np.load(io.BytesIO(base64.b64decode(s)), allow_pickle=False)
+
+
+def _random_tensor(ty, rng: np.random.Generator):
+    import tvm
+
+    shape = tuple(int(v) for v in ty.shape.values)
+    dtype = str(ty.dtype)
+    if dtype == "bool":
+        data = rng.integers(0, 2, size=shape).astype(bool)
+    elif np.issubdtype(np.dtype(dtype), np.integer):
+        data = rng.integers(0, 2, size=shape).astype(dtype)  # valid as any index
+    else:
+        data = rng.standard_normal(shape).astype(dtype)
+    return tvm.runtime.tensor(data)
+
+
+def _flat_types(ty) -> list:
+    from tvm import relax
+
+    if isinstance(ty, relax.TupleType):
+        return [t for f in ty.fields for t in _flat_types(f)]
+    return [ty]
+
+
+def _protocol(req: dict) -> Protocol:
+    return Protocol(**req.get("protocol", {}))
+
+
+def measure_region(req: dict) -> Measurement:
+    """Build one region for its backend and time its kernel on random inputs."""
+    import tvm
+
+    from backends import registry
+    from search.scopes import SEScope
+
+    registry.set_threads(req.get("threads", 1))
+    mod = tvm.ir.load_json(req["module"])
+    func = mod[req["function"]]
+    scope = SEScope.from_json(req["scope"])
+    kernel = registry.get(req["backend"]).build_region(func, scope, registry.threads())
+    rng = np.random.default_rng(0)
+    args = [_random_tensor(p.ty, rng) for p in func.params]
+    outs = [tvm.runtime.tensor(np.empty(tuple(int(v) for v in t.shape.values), str(t.dtype)))
+            for t in _flat_types(func.ret_ty)]
+    every = args + outs
+    return time_callable(lambda: kernel(*every), _protocol(req))
+
+
+def measure_plan(req: dict) -> Measurement:
+    """Build a whole model under a plan and time it end to end."""
+    import tvm
+
+    from backends import registry
+    from runners.builder import build_plan
+    from search.graph import DataflowGraph
+    from search.plan import Plan
+
+    registry.set_threads(req.get("threads", 1))
+    mod = tvm.ir.load_json(req["module"])
+    plan = Plan.from_json(req["plan"])
+    graph = DataflowGraph.from_function(mod["main"])
+    built = build_plan(plan, mod, graph)
+    inputs = [decode_array(a) for a in req["inputs"]]
+    return time_callable(built.prepare(inputs), _protocol(req))
+
+
+HANDLERS = {"region": measure_region, "plan": measure_plan}
+
+
+def handle(req: dict) -> dict:
+    """One request -> one reply; Python errors become failed measurements."""
+    try:
+        m = HANDLERS[req["kind"]](req)
+    except Exception as e:  # noqa: BLE001 - any failure costs this candidate only
+        last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        m = Measurement.failed(f"{type(e).__name__}: {last[:300]}")
+        return {"measurement": m.to_json(), "trace": traceback.format_exc()[-2000:]}
+    return {"measurement": m.to_json()}
+
+
+def handle_json(text: str) -> str:
+    """The RPC entry point: JSON in, JSON out."""
+    return json.dumps(handle(json.loads(text)))

@@ -1,0 +1,33 @@
+"""Entry point of a local measuring worker: length-prefixed pickles over stdin/stdout.
+
+The parent owns the timeout: it kills the worker's process group when a reply is late,
+so a kernel that hangs while holding the GIL cannot hang the search.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+
+
+def main() -> None:
+    # Keep the protocol channel private: anything printed by libraries goes to stderr.
+    proto_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    proto_in = sys.stdin.buffer
+    from runners.worker import handle
+
+    while True:
+        head = proto_in.read(4)
+        if len(head) < 4:
+            return
+        req = pickle.loads(proto_in.read(struct.unpack("<I", head)[0]))
+        data = pickle.dumps(handle(req))
+        proto_out.write(struct.pack("<I", len(data)) + data)
+        proto_out.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Candidates: (SubGraph, SEScope, rule) for every scope the CompilationConfig offers.
+
+The search reaches backends only through ``backends.registry``: a backend says which
+nodes it accepts, its fusion style picks the partition rule, its patterns feed the
+pattern rule. Pinned nodes keep their SEScope: a candidate whose scope is incompatible
+with a pin on any of its nodes is dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax
+
+from backends import registry
+from search.graph import DataflowGraph, main_bindings
+from search.rules import RuleContext, rule_for_style
+from search.scopes import CompilationConfig, SEScope
+from search.subgraph import SubGraph
+
+
+@dataclass(frozen=True)
+class Candidate:
+    subgraph: SubGraph
+    scope: SEScope
+    rule: str
+
+    @property
+    def backend(self) -> str:
+        assert self.scope.backend is not None
+        return self.scope.backend
+
+    def __str__(self) -> str:
+        return f"{self.scope.backend}{self.subgraph} ({self.rule})"
+
+
+def region_key(graph: DataflowGraph, nodes: tuple[int, ...]) -> str:
+    """Structural key of a region: ops, attributes, shapes, dtypes and internal edges.
+
+    Weights' values and node numbers do not enter it, so the same layer repeated in a
+    model, or in another model, is measured once.
+    """
+    pos = {n: i for i, n in enumerate(nodes)}
+    doc = []
+    for n in nodes:
+        node = graph.nodes[n]
+        ins = [f"i{pos[p]}" if p in pos else f"x{graph.nodes[p].shapes}{graph.nodes[p].dtypes}"
+               for p in node.inputs]
+        exit_ = any(c not in pos for c in graph.consumers[n]) or n in graph.outputs
+        doc.append((node.op, node.attrs, node.shapes, node.dtypes, node.args, ins, exit_))
+    return hashlib.sha256(json.dumps(doc, default=str).encode()).hexdigest()[:24]
+
+
+def _matcher(func: relax.Function):
+    """Pattern -> node sets of its matches in main (rooted at each binding)."""
+    bindings = main_bindings(func)
+    index = {b.value: i for i, b in enumerate(bindings)}
+    var2val = relax.analysis.get_var2val(func)
+
+    def match(pattern) -> list[frozenset[int]]:
+        out = []
+        for b in bindings:
+            if not isinstance(b.value, relax.Call):
+                continue
+            found = pattern.extract_matched_expr(b.value, var2val)
+            if found:
+                nodes = frozenset(index[e] for e in found.values() if e in index)
+                if nodes:
+                    out.append(nodes)
+        return out
+
+    return match
+
+
+def accepted_nodes(func: relax.Function, backend: str) -> set[int]:
+    impl = registry.get(backend)
+    return {i for i, b in enumerate(main_bindings(func)) if impl.accepts(b)}
+
+
+def enumerate_candidates(mod: tvm.IRModule, graph: DataflowGraph, config: CompilationConfig,
+                         pins: dict[int, SEScope] | None = None) -> list[Candidate]:
+    """All candidates of all primitive scopes, deduplicated, pins respected."""
+    func = mod["main"]
+    pins = pins or {}
+    match = _matcher(func)
+    out: dict[tuple[int, SEScope], Candidate] = {}
+    for scope in config.primitives:
+        backend = registry.get(scope.backend)
+        ok = accepted_nodes(func, scope.backend)
+        rule = rule_for_style(backend.fusion_style.value, backend.patterns())
+        for prop in rule.propose(RuleContext(graph, ok.__contains__, match)):
+            if all(scope.compatible(pins[n]) for n in prop.subgraph.nodes if n in pins):
+                out.setdefault((prop.subgraph.mask, scope), Candidate(prop.subgraph, scope, prop.rule))
+    return sorted(out.values(), key=lambda c: (c.subgraph.nodes[0], len(c.subgraph), c.backend))
+

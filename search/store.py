@@ -1,0 +1,94 @@
+"""The measurement store: every measurement, kept in Optuna storage, never taken twice.
+
+Measurements are the expensive asset of a search. Each is written the moment it is
+taken, as a trial of one study per device (``partune-measurements/<device>``), keyed
+by the region's structural key + SEScope + device fingerprint. Any run, of any model,
+on the same device and storage, finds it there. SQLite by default; any Optuna RDB URL
+(PostgreSQL for many workers) works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+from dataclasses import dataclass
+
+import optuna
+
+from runners.timing import Measurement
+from search.errors import PartuneError
+
+STUDY_PREFIX = "partune-measurements/"
+
+
+def device_fingerprint(threads: int) -> str:
+    """What decides whether a measurement still holds: CPU, thread count, library versions."""
+    from search.plan import tool_versions
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    doc = {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "versions": tool_versions()}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class StoredMeasurement:
+    key: str
+    measurement: Measurement
+    label: str  # for people: model, region, backend
+
+
+class MeasurementStore:
+    """A dict-like view of the measurements on one device, backed by Optuna storage."""
+
+    def __init__(self, storage_url: str, device: str) -> None:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        try:
+            self.storage = optuna.storages.RDBStorage(storage_url, engine_kwargs=_engine_kwargs(storage_url))
+        except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
+            raise PartuneError(f"cannot open storage {storage_url}: {str(e).splitlines()[0][:160]}") from e
+        self.device = device
+        self.study = optuna.create_study(study_name=STUDY_PREFIX + device, storage=self.storage,
+                                         load_if_exists=True)
+        self._cache: dict[str, Measurement] = {}
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read what other runs and workers stored since we last looked."""
+        for t in self.study.get_trials(deepcopy=False):
+            key = t.user_attrs.get("key")
+            if key and key not in self._cache and "m" in t.user_attrs:
+                self._cache[key] = Measurement(**t.user_attrs["m"])
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._cache
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def get(self, key: str) -> Measurement | None:
+        return self._cache.get(key)
+
+    def put(self, key: str, m: Measurement, label: str = "") -> None:
+        """Write one measurement now (a kill a moment later loses nothing)."""
+        if key in self._cache:
+            return
+        state = optuna.trial.TrialState.COMPLETE if m.ok else optuna.trial.TrialState.FAIL
+        trial = optuna.trial.create_trial(
+            state=state, value=m.median_s if m.ok else None,
+            user_attrs={"key": key, "m": m.to_json(), "label": label, "pid": os.getpid()})
+        self.study.add_trial(trial)
+        self._cache[key] = m
+
+
+def _engine_kwargs(url: str) -> dict:
+    # SQLite: wait for a writer rather than fail when several workers share the file.
+    return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}

@@ -1,0 +1,141 @@
+"""The Collage search: candidates -> measured costs -> cheapest cover -> end-to-end check.
+
+Every measurement goes through a Runner and into the MeasurementStore the moment it is
+taken; anything already stored is reused, so a killed search resumes where it stopped
+and a finished one, run again, measures nothing. The emitted plan is the fastest, end
+to end, of the DP's plan and every single-backend plan measured in the same run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import tvm
+
+from backends import registry
+from runners.builder import plan_request, region_request
+from runners.runner import Runner
+from runners.timing import Measurement
+from search.candidates import Candidate, accepted_nodes, enumerate_candidates, region_key
+from search.dp import Cover, NoCoverError, cheapest_cover, schedulable
+from search.plan import Plan, Region, single_backend_plan
+from search.scopes import CompilationConfig, SEScope
+from search.store import MeasurementStore
+
+# Candidates are timed briefly (many of them); whole plans by the full protocol.
+CANDIDATE_PROTOCOL = {"warmup": 1, "repeat": 5, "min_repeat_ms": 10.0}
+PLAN_PROTOCOL = {"warmup": 2, "repeat": 7, "min_repeat_ms": 50.0}
+
+
+def candidate_key(graph, c: Candidate) -> str:
+    return "region:" + region_key(graph, c.subgraph.nodes) + ":" + json.dumps(c.scope.to_json(), sort_keys=True)
+
+
+def plan_key(plan: Plan) -> str:
+    doc = [plan.fingerprint, sorted((list(r.nodes), r.scope.to_json()) for r in plan.regions)]
+    return "plan:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+@dataclass
+class Progress:
+    """Callbacks a front end implements to show progress (all optional)."""
+
+    start_phase: Callable[[str, int], None] = lambda name, total: None
+    advance: Callable[[str], None] = lambda status: None
+
+
+@dataclass
+class TuneResult:
+    plan: Plan  # the emitted plan: fastest measured end to end
+    dp_plan: Plan | None
+    cover: Cover | None
+    end_to_end: dict[str, Measurement]  # plan label -> measurement
+    candidates: int
+    measured: int = 0
+    reused: int = 0
+    failed: int = 0
+    search_s: float = 0.0
+    timed_out: bool = False
+    labels: dict[str, Plan] = field(default_factory=dict)
+
+
+def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
+         threads: int = 1, pins: dict[int, SEScope] | None = None, deadline: float | None = None,
+         progress: Progress | None = None) -> TuneResult:
+    progress = progress or Progress()
+    start = time.monotonic()
+    graph, mod = model.graph, model.mod
+    config = CompilationConfig.for_cpu(backends, threads)
+    cands = [c for c in enumerate_candidates(mod, graph, config, pins) if schedulable(c)]
+    keys = {c: candidate_key(graph, c) for c in cands}
+    # Small regions first: the singles alone already give a complete cover.
+    todo: dict[str, Candidate] = {}
+    for c in sorted(cands, key=lambda c: (len(c.subgraph), c.subgraph.nodes[0])):
+        if keys[c] not in store and keys[c] not in todo:
+            todo[keys[c]] = c
+    result = TuneResult(plan=None, dp_plan=None, cover=None, end_to_end={}, candidates=len(cands))  # type: ignore[arg-type]
+    result.reused = len({keys[c] for c in cands}) - len(todo)
+    progress.start_phase("measure candidates", len(todo))
+    for key, c in todo.items():
+        if deadline is not None and time.monotonic() > deadline:
+            result.timed_out = True
+            break
+        m = runner.run(region_request(mod, graph, c.subgraph.nodes, c.scope, CANDIDATE_PROTOCOL))
+        store.put(key, m, f"{model.name} {c}")
+        result.measured += 1
+        result.failed += not m.ok
+        progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.median_s * 1e6:.0f} us" if m.ok else "failed"))
+
+    def cost(c: Candidate) -> float:
+        m = store.get(keys[c])
+        return m.cost_s if m is not None else float("inf")
+
+    contenders: dict[str, Plan] = {}
+    try:
+        cover = cheapest_cover(graph, cands, cost)
+        regions = tuple(Region(c.subgraph.nodes, c.scope, cost(c)) for c in cover.candidates)
+        dp_plan = Plan(model.name, graph.fingerprint, config, regions,
+                       notes={"kind": "collage dp", "estimate_s": cover.cost_s})
+        result.cover, result.dp_plan = cover, dp_plan
+        contenders["partune dp"] = dp_plan
+    except NoCoverError:
+        pass
+    for b in backends:
+        contenders[f"{b}-only"] = single_backend_plan(model.name, graph, config, b,
+                                                      accepted_nodes(mod["main"], b))
+    module_json = None
+    progress.start_phase("measure plans end to end", len(contenders))
+    for label, plan in contenders.items():
+        key = plan_key(plan)
+        m = store.get(key)
+        if m is None:
+            module_json = module_json or tvm.ir.save_json(mod)
+            m = runner.run(plan_request(module_json, plan, model.inputs, PLAN_PROTOCOL))
+            store.put(key, m, f"{model.name} {label}")
+            result.measured += 1
+            result.failed += not m.ok
+        else:
+            result.reused += 1
+        result.end_to_end[label] = m
+        progress.advance(f"{label}: " + (f"{m.median_s * 1e3:.3f} ms" if m.ok else "failed"))
+    result.labels = contenders
+    ok = {label: m for label, m in result.end_to_end.items() if m.ok}
+    if not ok:
+        raise RuntimeError("no plan could be built and run: " +
+                           "; ".join(f"{k}: {m.error}" for k, m in result.end_to_end.items()))
+    best = min(ok, key=lambda label: ok[label].median_s)
+    chosen = contenders[best]
+    result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, chosen.regions,
+                       notes={**chosen.notes, "chosen_as": best,
+                              "measured_s": ok[best].median_s,
+                              "end_to_end_s": {k: v.median_s for k, v in ok.items()}})
+    result.search_s = time.monotonic() - start
+    return result
+
+
+def known_backends() -> tuple[str, ...]:
+    return registry.names()
