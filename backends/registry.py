@@ -7,6 +7,7 @@ lazily, the first time a backend is asked for by name.
 from __future__ import annotations
 
 import importlib
+import os
 
 from backends.base import Backend
 
@@ -16,6 +17,12 @@ _BACKENDS: dict[str, str] = {
     "onnxruntime": "backends.onnxruntime_backend:OnnxRuntimeBackend",
 }
 NATIVE = "tvm"
+
+# Extra backends, e.g. test-only ones, as "name=module:Class,...": read here so that
+# worker processes and RPC servers see the same registry as the process that started them.
+for _spec in filter(None, os.environ.get("PARTUNE_EXTRA_BACKENDS", "").split(",")):
+    _name, _, _target = _spec.partition("=")
+    _BACKENDS[_name.strip()] = _target.strip()
 
 _instances: dict[str, Backend] = {}
 _threads = {"n": 1}

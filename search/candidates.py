@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import relax
+from tvm.relax.dpl import WildcardPattern
 
 from backends import registry
 from search.graph import DataflowGraph, main_bindings
@@ -67,7 +68,8 @@ def _matcher(func: relax.Function):
                 continue
             found = pattern.extract_matched_expr(b.value, var2val)
             if found:
-                nodes = frozenset(index[e] for e in found.values() if e in index)
+                nodes = frozenset(index[e] for p, e in found.items()
+                                  if e in index and not isinstance(p, WildcardPattern))
                 if nodes:
                     out.append(nodes)
         return out

@@ -1,0 +1,76 @@
+"""DP equals brute force; the store dedups and survives reopening."""
+
+import itertools
+import random
+
+import pytest
+
+from runners.timing import Measurement
+from search.candidates import Candidate
+from search.dp import NoCoverError, cheapest_cover, schedulable
+from search.graph import DataflowGraph
+from search.rules import RuleContext, rule_for_style
+from search.scopes import CompilationConfig
+from search.store import MeasurementStore
+from tests.graphs import Attention, Diamond, Residual, TupleGraph
+
+
+def _candidates(mod):
+    g = DataflowGraph.from_function(mod["main"])
+    cfg = CompilationConfig.for_cpu(["torch", "onnxruntime"])
+    out = []
+    for scope, style in zip(cfg.primitives, ("tvm", "none", "arbitrary"), strict=True):
+        for p in rule_for_style(style).propose(RuleContext(g, lambda n: True)):
+            out.append(Candidate(p.subgraph, scope, p.rule))
+    return g, [c for c in out if schedulable(c)]
+
+
+def _brute_force(g, cands, cost):
+    full = (1 << len(g)) - 1
+    best = float("inf")
+    for k in range(1, len(g) + 1):
+        for combo in itertools.combinations(cands, k):
+            masks = [c.subgraph.mask for c in combo]
+            if sum(bin(m).count("1") for m in masks) != len(g):
+                continue
+            union = 0
+            for m in masks:
+                union |= m
+            if union == full:
+                best = min(best, sum(cost(c) for c in combo))
+    return best
+
+
+@pytest.mark.parametrize("mod", [Diamond, Residual, TupleGraph, Attention])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dp_equals_brute_force(mod, seed):
+    g, cands = _candidates(mod)
+    rng = random.Random(seed)
+    costs = {c: rng.uniform(1, 10) * len(c.subgraph) ** rng.uniform(0.3, 1.2) for c in cands}
+    cover = cheapest_cover(g, cands, costs.__getitem__)
+    assert cover.cost_s == pytest.approx(_brute_force(g, cands, costs.__getitem__))
+    covered = sorted(n for c in cover.candidates for n in c.subgraph.nodes)
+    assert covered == list(range(len(g)))
+
+
+def test_dp_skips_infinite_costs_and_reports_no_cover():
+    g, cands = _candidates(Diamond)
+    cover = cheapest_cover(g, cands, lambda c: float("inf") if c.backend == "tvm" else 1.0)
+    assert all(c.backend != "tvm" for c in cover.candidates)
+    with pytest.raises(NoCoverError):
+        cheapest_cover(g, cands, lambda c: float("inf") if 3 in c.subgraph else 1.0)
+
+
+def test_store_dedups_and_persists(tmp_path):
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    store = MeasurementStore(url, "dev1")
+    m = Measurement(1e-3, 1e-5, 1e-3, 5, 10)
+    store.put("k1", m, "first")
+    store.put("k1", Measurement(2e-3, 0, 2e-3, 5, 10), "again")  # already there: ignored
+    store.put("k2", Measurement.failed("boom"))
+    assert len(store) == 2 and store.get("k1") == m
+    again = MeasurementStore(url, "dev1")
+    assert again.get("k1") == m and again.get("k2").error == "boom"
+    assert again.get("k2").cost_s == float("inf")
+    assert len(again.study.get_trials()) == 2
+    assert MeasurementStore(url, "other-device").get("k1") is None

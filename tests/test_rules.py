@@ -1,0 +1,101 @@
+"""Partition rules give the expected candidates on small hand-built graphs."""
+
+import pytest
+
+from search.graph import DataflowGraph
+from search.rules import (
+    ARBITRARY_COMBINERS,
+    TVM_COMBINERS,
+    CombineRule,
+    HostRule,
+    OnlyValidRule,
+    OpKindRule,
+    PatternRule,
+    RuleContext,
+    UnionRule,
+    rule_for_style,
+)
+from search.subgraph import SubGraph
+from tests.graphs import Attention, Diamond, Residual, TupleGraph
+
+
+def _ctx(mod, accepts=lambda n: True, match=None):
+    return RuleContext(DataflowGraph.from_function(mod["main"]), accepts, match)
+
+
+def _sets(props):
+    return {p.subgraph.nodes for p in props}
+
+
+def test_subgraph_convexity_exits_depth():
+    g = DataflowGraph.from_function(Diamond["main"])
+    assert not SubGraph.of(g, [0, 1, 3]).is_convex  # 0 -> 2 -> 3 leaves and comes back
+    assert SubGraph.of(g, [1, 2, 3]).is_convex
+    assert SubGraph.of(g, [0, 1, 2]).exits == (1, 2)
+    assert SubGraph.of(g, [0, 1, 2, 3]).depth == 3
+    assert SubGraph.of(g, [1, 2]).inputs == (0,)
+
+
+def test_tvm_style_on_diamond_exactly():
+    props = rule_for_style("tvm").propose(_ctx(Diamond))
+    # {0, 1} and {0, 2} have two exits (relu feeds both branches): not valid for TVM
+    assert _sets(props) == {(0,), (1,), (2,), (3,), (1, 3), (2, 3), (1, 2, 3), (0, 1, 2, 3)}
+
+
+def test_tvm_style_on_residual_fuses_conv_with_epilogue():
+    got = _sets(rule_for_style("tvm").propose(_ctx(Residual)))
+    assert (0, 1) in got and (0, 1, 2) in got  # A->B: conv into relu, add
+    assert (1, 2, 3) in got  # B->R: element-wise into the reduction
+    assert (0, 1, 2, 3) not in got  # an anchor reduction after conv: kinds forbid it
+
+
+def test_tuple_rules():
+    props = rule_for_style("tvm").propose(_ctx(TupleGraph))
+    got = _sets(props)
+    assert (1,) in got and (4,) in got  # host rule: projections and tuples
+    assert (3, 4) in got  # tuple-arg: a tuple joins a field's producer
+    assert (0, 1, 2, 3, 4) in got
+    assert (0, 1, 2) not in got  # two exits
+    assert {p.rule for p in props} >= {"combine[tuple-arg]", "host", "op"}
+    assert all(len(SubGraph.of(DataflowGraph.from_function(TupleGraph["main"]), s).exits) <= 1 for s in got)
+
+
+def test_arbitrary_style_takes_the_whole_attention_block():
+    got = _sets(rule_for_style("arbitrary").propose(_ctx(Attention)))
+    assert (0, 1, 2, 3, 4) in got
+    # TVM's rules do not fuse through softmax (opaque)
+    assert (0, 1, 2, 3, 4) not in _sets(rule_for_style("tvm").propose(_ctx(Attention)))
+
+
+def test_only_accepted_nodes_are_proposed():
+    ctx = _ctx(Attention, accepts=lambda n: n != 3)  # the backend cannot do softmax
+    for style in ("none", "tvm", "arbitrary"):
+        assert all(3 not in s for s in _sets(rule_for_style(style).propose(ctx)))
+
+
+def test_pattern_and_composite_rules():
+    from tvm.relax.dpl import is_op, wildcard
+
+    from search.candidates import _matcher
+
+    pat = is_op("relax.nn.softmax")(is_op("relax.multiply")(is_op("relax.matmul")(wildcard(), wildcard()), wildcard()))
+    ctx = _ctx(Attention, match=_matcher(Attention["main"]))
+    assert _sets(PatternRule(pat).propose(ctx)) == {(1, 2, 3)}
+    props = rule_for_style("none", [("mm_scale_softmax", pat)]).propose(ctx)
+    assert {p.rule for p in props if p.subgraph.nodes == (1, 2, 3)} == {"composite:mm_scale_softmax"}
+
+
+def test_combinators_union_and_only_valid():
+    ctx = _ctx(Diamond)
+    union = UnionRule([OpKindRule(), HostRule(), OpKindRule()])
+    assert len(union.propose(ctx)) == 4
+    big = CombineRule(union, ARBITRARY_COMBINERS, max_exits=None, max_depth=None)
+    assert (0, 1, 2) in _sets(big.propose(ctx))
+    assert (0, 1, 2) not in _sets(OnlyValidRule(big, max_exits=1).propose(ctx))
+    assert all(s.subgraph.depth <= 2 for s in OnlyValidRule(big, max_depth=2).propose(ctx))
+    assert set(TVM_COMBINERS) == {"A->B", "B->R", "I->I", "tuple-arg", "tuple-proj"}
+
+
+def test_unknown_style():
+    with pytest.raises(ValueError):
+        rule_for_style("magic")
