@@ -240,13 +240,13 @@ def summarise(result, model) -> str:
         lines.append(f"DP estimate {est:.3f} ms vs measured "
                      + (f"{measured.median_s * 1e3:.3f} ms" if measured and measured.ok else "n/a")
                      + f" ({result.cover.states} DP states)")
-    total = sum(r.cost_s or 0.0 for r in plan.regions) or 1.0
+    known = plan.estimated_cost_s()
     lines.append(f"| {'backend':<12} | {'regions':>7} | {'ops':>5} | {'share of time':>13} |")
     lines.append("|--------------|---------|-------|---------------|")
     for b in plan.backends:
         regs = [r for r in plan.regions if r.backend == b]
-        share = sum(r.cost_s or 0.0 for r in regs) / total if plan.estimated_cost_s() else float("nan")
-        lines.append(f"| {b:<12} | {len(regs):>7} | {sum(len(r.nodes) for r in regs):>5} | {share:>12.1%} |")
+        share = f"{sum(r.cost_s or 0.0 for r in regs) / known:>12.1%}" if known else f"{'-':>13}"
+        lines.append(f"| {b:<12} | {len(regs):>7} | {sum(len(r.nodes) for r in regs):>5} | {share} |")
     best = min(m.median_s for m in result.end_to_end.values() if m.ok)
     lines.append("")
     lines.append(f"| {'plan':<16} | {'end to end ms':>13} | {'x fastest':>9} |")

@@ -56,9 +56,11 @@ class _BoolCumsumFix(relax.PyExprMutator):
 
 
 def normalise(mod: tvm.IRModule) -> tvm.IRModule:
-    """Make an imported module buildable and uniform (bool cumsum fixed, no dead code)."""
+    """Make an imported module buildable and uniform: bool cumsum fixed, constants folded, no dead code."""
     mod = mod.clone() if hasattr(mod, "clone") else mod
     mod["main"] = _BoolCumsumFix().visit_expr(mod["main"])
+    # Work that depends on no input (masks built from constants) is done once, here.
+    mod = relax.transform.FoldConstant()(mod)
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
     return mod
 

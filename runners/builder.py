@@ -101,3 +101,19 @@ def plan_request(module_json: str, plan: Plan, inputs: list[np.ndarray],
 
     return {"kind": "plan", "module": module_json, "plan": plan.to_json(),
             "inputs": [encode_array(a) for a in inputs], "protocol": protocol or {}}
+
+
+def overhead_request(scope: SEScope, protocol: dict | None = None) -> dict:
+    """A request timing the smallest region (one add of one float) on ``scope``.
+
+    What it measures is the backend's fixed cost per call, which a region pays in
+    isolation but, for native TVM, not inside a whole model.
+    """
+    x = relax.Var("x", relax.TensorType((1,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("region", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.add(x, x))
+        bb.emit_func_output(y)
+    return {"kind": "region", "backend": scope.backend, "scope": scope.to_json(),
+            "module": tvm.ir.save_json(bb.get()), "function": "region", "protocol": protocol or {}}

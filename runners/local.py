@@ -23,6 +23,8 @@ from runners.timing import Measurement
 
 
 class LocalRunner(Runner):
+    startup_timeout_s = 300.0  # importing TVM and torch on a loaded machine
+
     def __init__(self, timeout_s: float = 120.0, threads: int = 1) -> None:
         self.timeout_s = timeout_s
         self.threads = threads
@@ -39,6 +41,8 @@ class LocalRunner(Runner):
                 [sys.executable, "-m", "runners.worker_main"], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True,
                 cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            if self._read(4, time.monotonic() + self.startup_timeout_s) != b"RDY!":
+                raise ChildProcessError
         return self._proc
 
     def _kill(self) -> None:
@@ -76,10 +80,10 @@ class LocalRunner(Runner):
 
     def run(self, request: dict) -> Measurement:
         request = dict(request, threads=self.threads)
-        proc = self._start()
         data = pickle.dumps(request)
-        deadline = time.monotonic() + self.timeout_s
         try:
+            proc = self._start()
+            deadline = time.monotonic() + self.timeout_s
             assert proc.stdin is not None
             proc.stdin.write(struct.pack("<I", len(data)) + data)
             proc.stdin.flush()
@@ -89,7 +93,9 @@ class LocalRunner(Runner):
             self._kill()
             return Measurement.failed(f"timed out after {self.timeout_s:g} s")
         except (ChildProcessError, BrokenPipeError, OSError):
-            code = proc.wait()
+            if self._proc is None:
+                return Measurement.failed("worker could not start")
+            code = self._proc.wait()
             tail = self._log_tail()
             self._proc = None
             why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import time
 
 from runners.runner import Runner
@@ -32,6 +33,7 @@ class RPCRunner(Runner):
         self.host, self.port = parse_address(tracker)
         self.key, self.timeout_s, self.threads = key, timeout_s, threads
         try:
+            socket.create_connection((self.host, self.port), timeout=5).close()  # fail fast
             self._tracker = tvm.rpc.connect_tracker(self.host, self.port)
             summary = self._tracker.summary()
         except Exception as e:  # noqa: BLE001 - socket and TVM errors alike

@@ -19,6 +19,8 @@ def main() -> None:
     proto_in = sys.stdin.buffer
     from runners.worker import handle
 
+    proto_out.write(b"RDY!")  # imports done: the parent's clock for requests starts now
+    proto_out.flush()
     while True:
         head = proto_in.read(4)
         if len(head) < 4:

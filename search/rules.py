@@ -89,6 +89,52 @@ class PatternRule(PartitionRule):
                 if all(ctx.accepts(n) for n in nodes)]
 
 
+def cut_points(graph: DataflowGraph, max_live: int = 1) -> list[int]:
+    """Positions after which at most ``max_live`` values cross to later nodes.
+
+    In post-DFS order these are the natural block boundaries (after a residual add or
+    a layer norm): the places a graph-level compiler's region can start or end cheaply.
+    """
+    n = len(graph)
+    last = [max(graph.consumers[i], default=i) for i in range(n)]
+    for i in graph.outputs:
+        last[i] = n
+    ends: dict[int, int] = {}
+    for e in last:
+        ends[e] = ends.get(e, 0) + 1
+    cuts, live = [], 0
+    for p in range(n - 1):
+        live += 1 - ends.get(p, 0)
+        if live <= max_live:
+            cuts.append(p)
+    return cuts
+
+
+@dataclass
+class IntervalRule(PartitionRule):
+    """Runs of whole blocks: intervals of post-DFS order between cut points.
+
+    An interval of a topological order is always convex and its inputs all come before
+    it, so these are the large regions (a whole layer, several layers, the whole model)
+    that let a graph-level backend fuse across ops and pay its call overhead once.
+    """
+
+    max_segments: int = 8
+    name: str = "interval"
+
+    def propose(self, ctx: RuleContext) -> list[Proposal]:
+        g = ctx.graph
+        bounds = [-1, *cut_points(g), len(g) - 1]
+        ok = [ctx.accepts(i) for i in range(len(g))]
+        out = []
+        for a in range(len(bounds) - 1):
+            for b in range(a + 1, min(len(bounds), a + 1 + self.max_segments)):
+                lo, hi = bounds[a] + 1, bounds[b]
+                if hi - lo >= 1 and all(ok[lo:hi + 1]):
+                    out.append(Proposal(SubGraph.of(g, range(lo, hi + 1)), self.name))
+        return out
+
+
 # ---------------------------------------------------------------- combinators
 @dataclass
 class CompositeRule(PartitionRule):
@@ -225,16 +271,19 @@ class CombineRule(PartitionRule):
 def rule_for_style(style: str, patterns: Sequence[tuple[str, object]] = ()) -> PartitionRule:
     """The partition rule a fusion style implies (Collage's per-backend rules).
 
-    - ``none``: the backend's composite patterns plus single ops (op-level libraries);
+    - ``none``: the backend's composite patterns plus single ops (op-level libraries),
+      plus whole-block intervals, run op after op in one call (saves call overhead);
     - ``tvm``: single ops grown by TVM's fusion rules (A->B, B->R, I->I, tuples);
-    - ``arbitrary``: single ops grown by any touching merge (graph-level compilers).
+    - ``arbitrary``: single ops grown by any touching merge, plus whole-block intervals
+      (graph-level compilers).
     """
     singles = UnionRule([OpKindRule(), HostRule()])
     if style == "none":
         composites = [CompositeRule(PatternRule(p, name=n)) for n, p in patterns]
-        return OnlyValidRule(UnionRule([*composites, singles]), max_exits=1)
+        return UnionRule([OnlyValidRule(UnionRule([*composites, singles]), max_exits=1), IntervalRule()])
     if style == "tvm":
         return CombineRule(singles, TVM_COMBINERS, max_exits=1, max_depth=8)
     if style == "arbitrary":
-        return CombineRule(singles, ARBITRARY_COMBINERS, max_exits=2, max_depth=6, max_nodes=24)
+        grown = CombineRule(singles, ARBITRARY_COMBINERS, max_exits=1, max_depth=6, max_nodes=16)
+        return UnionRule([grown, IntervalRule()])
     raise ValueError(f"unknown fusion style '{style}'")

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 
 import tvm
 
-from backends import registry
-from runners.builder import plan_request, region_request
+from runners.builder import overhead_request, plan_request, region_request
 from runners.runner import Runner
 from runners.timing import Measurement
 from search.candidates import Candidate, accepted_nodes, enumerate_candidates, region_key
@@ -25,6 +24,7 @@ from search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from search.plan import Plan, Region, single_backend_plan
 from search.scopes import CompilationConfig, SEScope
 from search.store import MeasurementStore
+from search.subgraph import SubGraph
 
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
 CANDIDATE_PROTOCOL = {"warmup": 1, "repeat": 5, "min_repeat_ms": 10.0}
@@ -60,6 +60,7 @@ class TuneResult:
     failed: int = 0
     search_s: float = 0.0
     timed_out: bool = False
+    native_overhead_s: float = 0.0
     labels: dict[str, Plan] = field(default_factory=dict)
 
 
@@ -90,9 +91,21 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         result.failed += not m.ok
         progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.median_s * 1e6:.0f} us" if m.ok else "failed"))
 
+    # Native TVM regions run inline in the whole model: their isolated per-call cost
+    # (the VM call) is not paid there, so it is taken off their measured cost.
+    native = config.default
+    okey = "overhead:" + json.dumps(native.to_json(), sort_keys=True)
+    if okey not in store:
+        store.put(okey, runner.run(overhead_request(native, CANDIDATE_PROTOCOL)), f"{native} call overhead")
+        result.measured += 1
+    overhead = store.get(okey).median_s if store.get(okey).ok else 0.0  # type: ignore[union-attr]
+    result.native_overhead_s = overhead
+
     def cost(c: Candidate) -> float:
         m = store.get(keys[c])
-        return m.cost_s if m is not None else float("inf")
+        if m is None or not m.ok:
+            return float("inf")
+        return max(m.median_s - overhead, 0.0) if c.scope == native else m.median_s
 
     contenders: dict[str, Plan] = {}
     try:
@@ -129,7 +142,9 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
                            "; ".join(f"{k}: {m.error}" for k, m in result.end_to_end.items()))
     best = min(ok, key=lambda label: ok[label].median_s)
     chosen = contenders[best]
-    result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, chosen.regions,
+    regions = tuple(r if r.cost_s is not None else Region(r.nodes, r.scope, _stored_cost(store, graph, r))
+                    for r in chosen.regions)
+    result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, regions,
                        notes={**chosen.notes, "chosen_as": best,
                               "measured_s": ok[best].median_s,
                               "end_to_end_s": {k: v.median_s for k, v in ok.items()}})
@@ -137,5 +152,8 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     return result
 
 
-def known_backends() -> tuple[str, ...]:
-    return registry.names()
+def _stored_cost(store: MeasurementStore, graph, region: Region) -> float | None:
+    """A region's cost if it was measured as a candidate (single-backend plans' regions)."""
+    c = Candidate(SubGraph.of(graph, region.nodes), region.scope, "")
+    m = store.get(candidate_key(graph, c))
+    return m.median_s if m is not None and m.ok else None

@@ -58,3 +58,22 @@ class Attention:
             o = R.matmul(p, v)  # 4
             R.output(o)
         return o
+
+
+@I.ir_module
+class Chain:
+    """Eight element-wise ops in a row: dozens of TVM candidates, measured in seconds."""
+
+    @R.function
+    def main(x: R.Tensor((64, 64), "float32")):
+        with R.dataflow():
+            a = R.nn.relu(x)
+            b = R.exp(a)
+            c = R.tanh(b)
+            d = R.sigmoid(c)
+            e = R.multiply(d, d)
+            f = R.sqrt(e)
+            g = R.nn.relu(f)
+            h = R.exp(g)
+            R.output(h)
+        return h

@@ -1,0 +1,163 @@
+"""The search end to end: resume after SIGKILL, crashing and hanging kernels, RPC."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from backends import registry
+from partune.cli import main
+from runners.builder import region_request
+from runners.local import LocalRunner
+from search.graph import DataflowGraph
+from search.scopes import CompilationConfig
+from search.store import STUDY_PREFIX
+from tests.graphs import Chain
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def chain_file(tmp_path):
+    path = tmp_path / "chain.py"
+    path.write_text("from tvm.script import ir as I\nfrom tvm.script import relax as R\n"
+                    + Chain.script())
+    return path
+
+
+def _trials(url: str):
+    name = next(s.study_name for s in optuna.get_all_study_summaries(url) if s.study_name.startswith(STUDY_PREFIX))
+    return optuna.load_study(study_name=name, storage=url).get_trials()
+
+
+def _count_trials(db: Path) -> int:
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db, timeout=1) as con:
+            return con.execute("select count(*) from trials").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+def _tune_cmd(model: Path, url: str, out: Path) -> list[str]:
+    return [sys.executable, "-m", "partune.cli", "tune", str(model), "--backends", "tvm",
+            "--storage", url, "-o", str(out)]
+
+
+def test_sigkill_then_resume_remeasures_nothing(tmp_path, chain_file):
+    db = tmp_path / "m.db"
+    url = f"sqlite:///{db}"
+    out = tmp_path / "plan.json"
+    proc = subprocess.Popen(_tune_cmd(chain_file, url, out), cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while _count_trials(db) < 6 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {t.user_attrs["key"] for t in _trials(url)}
+    assert len(before) >= 6 and not out.exists()
+
+    done = subprocess.run(_tune_cmd(chain_file, url, out), cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    keys = [t.user_attrs["key"] for t in _trials(url)]
+    assert len(keys) == len(set(keys)), "something was measured twice"
+    assert before < set(keys)
+    plan1 = out.read_text()
+
+    again = subprocess.run(_tune_cmd(chain_file, url, out), cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 0
+    assert "measurements made 0 (0 failed)" in again.stdout
+    assert out.read_text() == plan1
+
+
+@pytest.fixture
+def crash_backends(monkeypatch):
+    spec = "segfault=tests.crash_backend:SegfaultBackend,hang=tests.crash_backend:HangBackend"
+    monkeypatch.setenv("PARTUNE_EXTRA_BACKENDS", spec)  # for worker processes
+    registry.register("segfault", "tests.crash_backend:SegfaultBackend")
+    registry.register("hang", "tests.crash_backend:HangBackend")
+
+
+def test_crashing_kernel_costs_one_candidate(tmp_path, chain_file, crash_backends, capsys):
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    out = tmp_path / "plan.json"
+    assert main(["tune", str(chain_file), "--backends", "tvm,segfault", "--storage", url, "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "partune dp" in text
+    failed = [t for t in _trials(url) if t.state == optuna.trial.TrialState.FAIL]
+    assert failed and all("SIGSEGV" in t.user_attrs["m"]["error"] for t in failed)
+    regions = json.loads(out.read_text())["regions"]
+    assert regions and all(r["scope"]["backend"] == "tvm" for r in regions)
+
+
+def test_hanging_kernel_times_out_and_the_runner_recovers(crash_backends):
+    g = DataflowGraph.from_function(Chain["main"])
+    cfg = CompilationConfig.for_cpu(["hang"])
+    with LocalRunner(timeout_s=3) as runner:
+        hung = runner.run(region_request(Chain, g, (0,), cfg.scope_for("hang")))
+        assert not hung.ok and "timed out" in hung.error
+        runner.timeout_s = 120  # a first TVM build in a fresh worker may take seconds
+        fine = runner.run(region_request(Chain, g, (0, 1), cfg.scope_for("tvm")))
+        assert fine.ok and fine.median_s > 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rpc_runner_against_loopback_tracker_and_server():
+    from runners.rpc import RPCRunner
+    from search.errors import PartuneError
+
+    port = _free_port()
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
+                                "--port", str(port), "--port-end", str(port + 1), "--silent"],
+                               cwd=ROOT, start_new_session=True, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sport = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "partune.cli", "rpc-server", "--tracker",
+                               f"127.0.0.1:{port}", "--key", "cpu-test", "--port", str(sport),
+                               "--port-end", str(sport + 20)],
+                              cwd=ROOT, start_new_session=True, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        runner = None
+        deadline = time.monotonic() + 90
+        while runner is None:
+            try:
+                runner = RPCRunner(f"127.0.0.1:{port}", "cpu-test", timeout_s=60)
+            except PartuneError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        g = DataflowGraph.from_function(Chain["main"])
+        scope = CompilationConfig.for_cpu(["tvm"]).scope_for("tvm")
+        m = runner.run(region_request(Chain, g, (0, 1, 2), scope))
+        assert m.ok and 0 < m.median_s < 0.1, m
+    finally:
+        for p in (server, tracker):
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_unreachable_tracker_is_a_clear_error(capsys, chain_file):
+    port = _free_port()
+    assert main(["tune", str(chain_file), "--runner", f"rpc://127.0.0.1:{port}/k",
+                 "--storage", "sqlite:///:memory:"]) == 2
+    assert "cannot reach RPC tracker" in capsys.readouterr().err
