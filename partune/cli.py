@@ -10,8 +10,6 @@ import argparse
 import os
 import sys
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 
 EXIT_USAGE = 2
 
@@ -26,27 +24,17 @@ def _setup_threads(threads: int) -> None:
 
 
 def _backend_plan(model, backend: str, threads: int):
-    from backends import registry
-    from search.graph import main_bindings
+    from search.candidates import accepted_nodes
     from search.plan import single_backend_plan
     from search.scopes import CompilationConfig
 
-    impl = registry.get(backend)
-    accepted = {i for i, b in enumerate(main_bindings(model.mod["main"])) if impl.accepts(b)}
     config = CompilationConfig.for_cpu([backend], threads)
-    return single_backend_plan(model.name, model.graph, config, backend, accepted)
-
-
-def max_abs_error(outputs, reference) -> float:
-    import numpy as np
-
-    if len(outputs) != len(reference):
-        return float("inf")
-    return max(float(np.max(np.abs(np.asarray(o, dtype=np.float64) - r))) if r.size else 0.0
-               for o, r in zip(outputs, reference, strict=True))
+    return single_backend_plan(model.name, model.graph, config, backend,
+                               accepted_nodes(model.mod["main"], backend))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from partune.bench import max_abs_error
     from partune.models import load
     from runners.builder import build_plan
     from runners.timing import time_callable
@@ -70,87 +58,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-@dataclass
-class BenchRow:
-    name: str
-    kind: str
-    median_ms: float = float("nan")
-    spread_ms: float = float("nan")
-    cpu_ms: float = float("nan")
-    error: float = float("nan")
-    failure: str | None = None
-
-
-def _bench_one(name: str, kind: str, make: Callable, reference) -> BenchRow:
-    """Build one contender and time it; a failure costs this row, not the benchmark."""
-    from runners.timing import time_callable
-
-    row = BenchRow(name, kind)
-    try:
-        run, outputs = make()
-        row.error = max_abs_error(outputs, reference)
-        m = time_callable(run)
-        row.median_ms, row.spread_ms, row.cpu_ms = m.median_s * 1e3, m.spread_s * 1e3, m.cpu_s * 1e3
-    except Exception as e:  # noqa: BLE001 - one failing peer must not end the benchmark
-        row.failure = (str(e).strip().splitlines() or [type(e).__name__])[-1][:120]
-    return row
-
-
-def format_table(rows: list[BenchRow]) -> str:
-    ok = [r for r in rows if r.failure is None]
-    best = min((r.median_ms for r in ok), default=float("nan"))
-    head = f"| {'contender':<28} | {'kind':<12} | {'median ms':>9} | {'IQR ms':>7} | {'CPU ms':>8} | {'max abs err':>11} | {'x fastest':>9} |"
-    lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
-    for r in sorted(rows, key=lambda r: (r.failure is not None, r.median_ms)):
-        if r.failure:
-            lines.append(f"| {r.name:<28} | {r.kind:<12} | failed: {r.failure}")
-            continue
-        lines.append(f"| {r.name:<28} | {r.kind:<12} | {r.median_ms:9.3f} | {r.spread_ms:7.3f} | "
-                     f"{r.cpu_ms:8.3f} | {r.error:11.2e} | {r.median_ms / best:9.2f} |")
-    return "\n".join(lines)
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from backends import registry
+    from partune.bench import bench, format_table
     from partune.models import load
-    from runners import peers
-    from runners.builder import build_plan
 
     model = load(args.model)
-    backends = args.backends.split(",") if args.backends else list(registry.names())
-    for b in backends:
-        registry.get(b)  # unknown names fail here, before any work
-    todo: list[tuple[str, str, Callable]] = []
-    for b in backends:
-        def make(b=b):
-            built = build_plan(_backend_plan(model, b, args.threads), model.mod, model.graph)
-            return built.prepare(model.inputs), built(model.inputs)
-        todo.append((f"partune {b}-only plan", "plan", make))
-    wanted = set(args.peers.split(",")) if args.peers else {"torch", "torch.compile", "onnxruntime"}
-    if model.torch_module is not None and "torch" in wanted:
-        todo.append(("torch eager", "peer", lambda: _peer_run(peers.torch_eager(model.torch_module, model.inputs, args.threads))))
-    if model.torch_module is not None and "torch.compile" in wanted:
-        todo.append(("torch.compile (inductor)", "peer", lambda: _peer_run(peers.torch_compile(model.torch_module, model.inputs, args.threads))))
-    if "onnxruntime" in wanted and (model.onnx_bytes is not None or model.torch_module is not None):
-        def ort():
-            data = model.onnx_bytes or peers.onnx_export(model.torch_module, model.inputs)
-            return _peer_run(peers.onnxruntime_session(data, model.inputs, args.threads))
-        todo.append(("onnxruntime (whole model)", "peer", ort))
-    rows = []
-    for name, kind, make in tqdm(todo, desc=f"bench {model.name}", unit="contender", file=sys.stderr):
-        rows.append(_bench_one(name, kind, make, model.reference))
+    backends = args.backends.split(",") if args.backends else None
+    peers = args.peers.split(",") if args.peers else None
+    rows = bench(model, backends, peers, args.threads, progress=True)
     print(f"{model.name}: {len(model.graph)} nodes, batch 1, {args.threads} thread(s), "
           f"reference {model.reference_source}; x fastest = median / fastest median")
     print(format_table(rows))
     return 0
-
-
-def _peer_run(run):
-    from partune.models import _flatten
-
-    return run, _flatten(run())
 
 
 def parse_duration(text: str) -> float:

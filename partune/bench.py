@@ -1,0 +1,113 @@
+"""Single-backend plans against the tools a user would pick instead, in one run.
+
+Every contender is timed by the same protocol in the same process, one after another,
+and reported as a ratio to the fastest: numbers from different runs never mix.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PEERS = ("torch", "torch.compile", "onnxruntime")
+
+
+@dataclass
+class BenchRow:
+    name: str
+    kind: str
+    median_ms: float = float("nan")
+    spread_ms: float = float("nan")
+    cpu_ms: float = float("nan")
+    error: float = float("nan")
+    failure: str | None = None
+
+
+def max_abs_error(outputs, reference) -> float:
+    import numpy as np
+
+    if len(outputs) != len(reference):
+        return float("inf")
+    return max(float(np.max(np.abs(np.asarray(o, dtype=np.float64) - r))) if r.size else 0.0
+               for o, r in zip(outputs, reference, strict=True))
+
+
+def _bench_one(name: str, kind: str, make: Callable, reference) -> BenchRow:
+    """Build one contender and time it; a failure costs this row, not the benchmark."""
+    from runners.timing import time_callable
+
+    row = BenchRow(name, kind)
+    try:
+        run, outputs = make()
+        row.error = max_abs_error(outputs, reference)
+        m = time_callable(run)
+        row.median_ms, row.spread_ms, row.cpu_ms = m.median_s * 1e3, m.spread_s * 1e3, m.cpu_s * 1e3
+    except Exception as e:  # noqa: BLE001 - one failing peer must not end the benchmark
+        row.failure = (str(e).strip().splitlines() or [type(e).__name__])[-1][:120]
+    return row
+
+
+def _peer(run):
+    from partune.models import _flatten
+
+    return run, _flatten(run())
+
+
+def contenders(model, backends: list[str] | None, peers: list[str] | None, threads: int):
+    """(name, kind, make) for each single-backend plan and each peer."""
+    from backends import registry
+    from runners import peers as p
+    from runners.builder import build_plan
+    from search.candidates import accepted_nodes
+    from search.plan import single_backend_plan
+    from search.scopes import CompilationConfig
+
+    backends = backends or list(registry.names())
+    for b in backends:
+        registry.get(b)  # unknown names fail here, before any work
+    out: list[tuple[str, str, Callable]] = []
+    for b in backends:
+        def make(b=b):
+            config = CompilationConfig.for_cpu([b], threads)
+            plan = single_backend_plan(model.name, model.graph, config, b, accepted_nodes(model.mod["main"], b))
+            built = build_plan(plan, model.mod, model.graph)
+            return built.prepare(model.inputs), built(model.inputs)
+        out.append((f"partune {b}-only plan", "plan", make))
+    wanted = set(peers or PEERS)
+    tm = model.torch_module
+    if tm is not None and "torch" in wanted:
+        out.append(("torch eager", "peer", lambda: _peer(p.torch_eager(tm, model.inputs, threads))))
+    if tm is not None and "torch.compile" in wanted:
+        out.append(("torch.compile (inductor)", "peer", lambda: _peer(p.torch_compile(tm, model.inputs, threads))))
+    if "onnxruntime" in wanted and (model.onnx_bytes is not None or tm is not None):
+        def ort():
+            data = model.onnx_bytes or p.onnx_export(tm, model.inputs)
+            return _peer(p.onnxruntime_session(data, model.inputs, threads))
+        out.append(("onnxruntime (whole model)", "peer", ort))
+    return out
+
+
+def bench(model, backends: list[str] | None = None, peers: list[str] | None = None,
+          threads: int = 1, progress: bool = False) -> list[BenchRow]:
+    from tqdm import tqdm
+
+    todo = contenders(model, backends, peers, threads)
+    it = tqdm(todo, desc=f"bench {model.name}", unit="contender", file=sys.stderr) if progress else todo
+    return [_bench_one(name, kind, make, model.reference) for name, kind, make in it]
+
+
+def format_table(rows: list[BenchRow]) -> str:
+    """A Markdown table, fastest first."""
+    ok = [r for r in rows if r.failure is None]
+    best = min((r.median_ms for r in ok), default=float("nan"))
+    head = (f"| {'contender':<30} | {'kind':<4} | {'median ms':>9} | {'IQR ms':>7} | {'CPU ms':>8} "
+            f"| {'max abs err':>11} | {'x fastest':>9} |")
+    lines = [head, "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"]
+    for r in sorted(rows, key=lambda r: (r.failure is not None, r.median_ms)):
+        if r.failure:
+            lines.append(f"| {r.name:<30} | {r.kind:<4} | failed: {r.failure} | | | | |")
+            continue
+        lines.append(f"| {r.name:<30} | {r.kind:<4} | {r.median_ms:9.3f} | {r.spread_ms:7.3f} | "
+                     f"{r.cpu_ms:8.3f} | {r.error:11.2e} | {r.median_ms / best:9.2f} |")
+    return "\n".join(lines)
