@@ -509,6 +509,11 @@ def _pad(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     mode = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}.get(str(a.pad_mode))
     if mode is None:
         raise BackendError(f"pad mode {a.pad_mode} not supported")
+    if not any(widths):
+        # A no-op (the importer emits these before every conv). Emitting it as Pad also
+        # trips an ORT optimiser bug (Pad+Conv+BatchNorm fusion drops a tensor that the
+        # graph still reads), so pass the input through.
+        return g.tensor(call.args[0])
     pads = widths[0::2] + widths[1::2]  # Relax interleaves (before, after); ONNX wants begins, ends
     inputs = [g.tensor(call.args[0]), g.int64s(pads)]
     if mode == "constant":
@@ -992,19 +997,29 @@ def _info_shape(info: onnx.ValueInfoProto) -> tuple[int, ...]:
 
 
 def make_session(model: onnx.ModelProto, threads: int) -> Any:
-    """One CPU session: all graph optimisations, sequential, ``threads`` intra-op threads."""
+    """One CPU session: all graph optimisations, sequential, ``threads`` intra-op threads.
+
+    ORT's graph optimisers occasionally break a valid model (a fusion drops a tensor
+    another node still reads); then the next lower optimisation level is tried.
+    """
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = max(1, int(threads))
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    try:
-        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    except Exception as e:  # surface ORT's reason as a BackendError
-        raise BackendError(f"onnxruntime could not load the region: {e}") from e
+    data = model.SerializeToString()
+    levels = [ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              ort.GraphOptimizationLevel.ORT_DISABLE_ALL]
+    first: Exception | None = None
+    for level in levels:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = max(1, int(threads))
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = level
+        so.log_severity_level = 3
+        try:
+            return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - try a lower level, report the first reason
+            first = first or e
+    raise BackendError(f"onnxruntime could not load the region: {first}") from first
 
 
 class OnnxRuntimeBackend(Backend):

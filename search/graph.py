@@ -156,6 +156,17 @@ def _args(value: relax.Expr) -> list[relax.Expr]:
     return []
 
 
+def _vars(args: list[relax.Expr]) -> list[relax.Var]:
+    """Variables among ``args``, looking inside tuple arguments (``concat((a, b))``)."""
+    out = []
+    for a in args:
+        if isinstance(a, relax.Var):
+            out.append(a)
+        elif isinstance(a, relax.Tuple):
+            out.extend(_vars(list(a.fields)))
+    return out
+
+
 def _describe_arg(arg: relax.Expr, index: dict) -> str:
     if isinstance(arg, relax.Var):
         return "node" if arg in index else f"param:{arg.ty}"
@@ -222,7 +233,7 @@ class DataflowGraph:
             in_types = [t for a in args if isinstance(a, relax.Expr) and hasattr(a, "ty")
                         for t in _tensor_types(a.ty)]
             out_types = _tensor_types(binding.var.ty)
-            inputs = tuple(dict.fromkeys(index[a] for a in args if isinstance(a, relax.Var) and a in index))
+            inputs = tuple(dict.fromkeys(index[a] for a in _vars(args) if a in index))
             attrs = str(value.attrs) if isinstance(value, relax.Call) and value.attrs is not None else ""
             arg_desc = tuple(_describe_arg(a, index) for a in args)
             if op == "get_item":
@@ -238,9 +249,7 @@ class DataflowGraph:
             ))
             index[binding.var] = i
         result = func.body.body if isinstance(func.body, relax.SeqExpr) else func.body
-        outs = [index[v] for v in _args(result) if isinstance(v, relax.Var) and v in index]
-        if isinstance(result, relax.Var) and result in index:
-            outs = [index[result]]
+        outs = [index[v] for v in _vars([result]) if v in index]
         return cls(tuple(nodes), tuple(dict.fromkeys(outs)), tuple(p.name for p in func.params))
 
     def describe(self, indices: list[int] | None = None) -> str:
