@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/partune bench bert-small --peers torch,onnxruntime
+	$(BIN)/partune tune bert-small --backends tvm,torch,onnxruntime -o plan.json
+	$(BIN)/partune run bert-small --plan plan.json
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -18,6 +18,7 @@ class BenchRow:
     name: str
     kind: str
     median_ms: float = float("nan")
+    best_ms: float = float("nan")
     spread_ms: float = float("nan")
     cpu_ms: float = float("nan")
     error: float = float("nan")
@@ -43,6 +44,7 @@ def _bench_one(name: str, kind: str, make: Callable, reference) -> BenchRow:
         row.error = max_abs_error(outputs, reference)
         m = time_callable(run)
         row.median_ms, row.spread_ms, row.cpu_ms = m.median_s * 1e3, m.spread_s * 1e3, m.cpu_s * 1e3
+        row.best_ms = m.cost_s * 1e3
     except Exception as e:  # noqa: BLE001 - one failing peer must not end the benchmark
         row.failure = (str(e).strip().splitlines() or [type(e).__name__])[-1][:120]
     return row
@@ -101,13 +103,13 @@ def format_table(rows: list[BenchRow]) -> str:
     """A Markdown table, fastest first."""
     ok = [r for r in rows if r.failure is None]
     best = min((r.median_ms for r in ok), default=float("nan"))
-    head = (f"| {'contender':<30} | {'kind':<4} | {'median ms':>9} | {'IQR ms':>7} | {'CPU ms':>8} "
+    head = (f"| {'contender':<30} | {'kind':<4} | {'median ms':>9} | {'best ms':>9} | {'IQR ms':>7} | {'CPU ms':>8} "
             f"| {'max abs err':>11} | {'x fastest':>9} |")
     lines = [head, "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"]
     for r in sorted(rows, key=lambda r: (r.failure is not None, r.median_ms)):
         if r.failure:
-            lines.append(f"| {r.name:<30} | {r.kind:<4} | failed: {r.failure} | | | | |")
+            lines.append(f"| {r.name:<30} | {r.kind:<4} | failed: {r.failure} | | | | | |")
             continue
-        lines.append(f"| {r.name:<30} | {r.kind:<4} | {r.median_ms:9.3f} | {r.spread_ms:7.3f} | "
+        lines.append(f"| {r.name:<30} | {r.kind:<4} | {r.median_ms:9.3f} | {r.best_ms:9.3f} | {r.spread_ms:7.3f} | "
                      f"{r.cpu_ms:8.3f} | {r.error:11.2e} | {r.median_ms / best:9.2f} |")
     return "\n".join(lines)

@@ -119,20 +119,31 @@ class IntervalRule(PartitionRule):
     that let a graph-level backend fuse across ops and pay its call overhead once.
     """
 
-    max_segments: int = 8
+    max_segments: int = 8  # longest interval, in blocks, once the graph has many blocks
+    all_below: int = 24  # up to this many blocks, every interval is proposed
     name: str = "interval"
 
     def propose(self, ctx: RuleContext) -> list[Proposal]:
         g = ctx.graph
         bounds = [-1, *cut_points(g), len(g) - 1]
         ok = [ctx.accepts(i) for i in range(len(g))]
+        span = len(bounds) if len(bounds) - 1 <= self.all_below else self.max_segments
         out = []
         for a in range(len(bounds) - 1):
-            for b in range(a + 1, min(len(bounds), a + 1 + self.max_segments)):
+            for b in range(a + 1, min(len(bounds), a + 1 + span)):
                 lo, hi = bounds[a] + 1, bounds[b]
                 if hi - lo >= 1 and all(ok[lo:hi + 1]):
                     out.append(Proposal(SubGraph.of(g, range(lo, hi + 1)), self.name))
-        return out
+        # The maximal accepted runs: all of the model the backend can take, in one call.
+        start = None
+        for i, accepted in enumerate([*ok, False]):
+            if accepted and start is None:
+                start = i
+            elif not accepted and start is not None:
+                if i - start >= 2:
+                    out.append(Proposal(SubGraph.of(g, range(start, i)), self.name))
+                start = None
+        return _dedup(out)
 
 
 # ---------------------------------------------------------------- combinators

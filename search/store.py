@@ -83,7 +83,7 @@ class MeasurementStore:
             return
         state = optuna.trial.TrialState.COMPLETE if m.ok else optuna.trial.TrialState.FAIL
         trial = optuna.trial.create_trial(
-            state=state, value=m.median_s if m.ok else None,
+            state=state, value=m.cost_s if m.ok else None,
             user_attrs={"key": key, "m": m.to_json(), "label": label, "pid": os.getpid()})
         self.study.add_trial(trial)
         self._cache[key] = m

@@ -27,8 +27,8 @@ from search.store import MeasurementStore
 from search.subgraph import SubGraph
 
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
-CANDIDATE_PROTOCOL = {"warmup": 1, "repeat": 5, "min_repeat_ms": 10.0}
-PLAN_PROTOCOL = {"warmup": 2, "repeat": 7, "min_repeat_ms": 50.0}
+CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
+PLAN_PROTOCOL = {"warmup": 2, "warmup_ms": 100.0, "repeat": 11, "min_repeat_ms": 50.0}
 
 
 def candidate_key(graph, c: Candidate) -> str:
@@ -89,7 +89,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         store.put(key, m, f"{model.name} {c}")
         result.measured += 1
         result.failed += not m.ok
-        progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.median_s * 1e6:.0f} us" if m.ok else "failed"))
+        progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
 
     # Native TVM regions run inline in the whole model: their isolated per-call cost
     # (the VM call) is not paid there, so it is taken off their measured cost.
@@ -98,25 +98,37 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     if okey not in store:
         store.put(okey, runner.run(overhead_request(native, CANDIDATE_PROTOCOL)), f"{native} call overhead")
         result.measured += 1
-    overhead = store.get(okey).median_s if store.get(okey).ok else 0.0  # type: ignore[union-attr]
+    overhead = store.get(okey).cost_s if store.get(okey).ok else 0.0  # type: ignore[union-attr]
     result.native_overhead_s = overhead
 
     def cost(c: Candidate) -> float:
         m = store.get(keys[c])
         if m is None or not m.ok:
             return float("inf")
-        return max(m.median_s - overhead, 0.0) if c.scope == native else m.median_s
+        return max(m.cost_s - overhead, 0.0) if c.scope == native else m.cost_s
 
     contenders: dict[str, Plan] = {}
-    try:
-        cover = cheapest_cover(graph, cands, cost)
+
+    def dp_plan(allowed: set[str]) -> tuple[Cover, Plan] | None:
+        try:
+            cover = cheapest_cover(graph, [c for c in cands if c.backend in allowed], cost)
+        except NoCoverError:
+            return None
         regions = tuple(Region(c.subgraph.nodes, c.scope, cost(c)) for c in cover.candidates)
-        dp_plan = Plan(model.name, graph.fingerprint, config, regions,
-                       notes={"kind": "collage dp", "estimate_s": cover.cost_s})
-        result.cover, result.dp_plan = cover, dp_plan
-        contenders["partune dp"] = dp_plan
-    except NoCoverError:
-        pass
+        return cover, Plan(model.name, graph.fingerprint, config, regions,
+                           notes={"kind": "collage dp", "estimate_s": cover.cost_s})
+
+    found = dp_plan(set(backends))
+    if found is not None:
+        result.cover, result.dp_plan = found
+        contenders["partune dp"] = found[1]
+    # The top few: the DP restricted to native + one other backend is a second opinion
+    # when isolated costs mislead (a plan's parts interact); end to end decides.
+    if len(backends) > 2:
+        for b in backends:
+            if b != native.backend and (alt := dp_plan({native.backend, b})) is not None:
+                if all(plan_key(alt[1]) != plan_key(p) for p in contenders.values()):
+                    contenders[f"partune dp ({native.backend}+{b})"] = alt[1]
     for b in backends:
         contenders[f"{b}-only"] = single_backend_plan(model.name, graph, config, b,
                                                       accepted_nodes(mod["main"], b))
@@ -134,20 +146,20 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         else:
             result.reused += 1
         result.end_to_end[label] = m
-        progress.advance(f"{label}: " + (f"{m.median_s * 1e3:.3f} ms" if m.ok else "failed"))
+        progress.advance(f"{label}: " + (f"{m.cost_s * 1e3:.3f} ms" if m.ok else "failed"))
     result.labels = contenders
     ok = {label: m for label, m in result.end_to_end.items() if m.ok}
     if not ok:
         raise RuntimeError("no plan could be built and run: " +
                            "; ".join(f"{k}: {m.error}" for k, m in result.end_to_end.items()))
-    best = min(ok, key=lambda label: ok[label].median_s)
+    best = min(ok, key=lambda label: ok[label].cost_s)
     chosen = contenders[best]
     regions = tuple(r if r.cost_s is not None else Region(r.nodes, r.scope, _stored_cost(store, graph, r))
                     for r in chosen.regions)
     result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, regions,
                        notes={**chosen.notes, "chosen_as": best,
-                              "measured_s": ok[best].median_s,
-                              "end_to_end_s": {k: v.median_s for k, v in ok.items()}})
+                              "measured_s": ok[best].cost_s,
+                              "end_to_end_s": {k: v.cost_s for k, v in ok.items()}})
     result.search_s = time.monotonic() - start
     return result
 
@@ -156,4 +168,4 @@ def _stored_cost(store: MeasurementStore, graph, region: Region) -> float | None
     """A region's cost if it was measured as a candidate (single-backend plans' regions)."""
     c = Candidate(SubGraph.of(graph, region.nodes), region.scope, "")
     m = store.get(candidate_key(graph, c))
-    return m.median_s if m is not None and m.ok else None
+    return m.cost_s if m is not None and m.ok else None

@@ -99,3 +99,16 @@ def test_combinators_union_and_only_valid():
 def test_unknown_style():
     with pytest.raises(ValueError):
         rule_for_style("magic")
+
+
+def test_interval_rule_proposes_whole_blocks():
+    from search.rules import IntervalRule, cut_points
+    from tests.graphs import Chain
+
+    assert cut_points(DataflowGraph.from_function(Diamond["main"])) == [0]
+    assert _sets(IntervalRule().propose(_ctx(Diamond))) == {(1, 2, 3), (0, 1, 2, 3)}
+    chain = _sets(IntervalRule().propose(_ctx(Chain)))
+    assert chain == {tuple(range(a, b + 1)) for a in range(8) for b in range(a + 1, 8)}
+    # a node the backend refuses splits the intervals, and the maximal runs remain
+    got = _sets(IntervalRule().propose(_ctx(Chain, accepts=lambda n: n != 4)))
+    assert (0, 1, 2, 3) in got and (5, 6, 7) in got and all(4 not in s for s in got)
