@@ -190,6 +190,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     from backends import registry
     from partune.models import load
+    from search.errors import PartuneError
     from search.store import MeasurementStore, device_fingerprint
     from search.tune import Progress, tune
 
@@ -198,7 +199,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         registry.get(b)
     deadline = time.monotonic() + parse_duration(args.timeout) if args.timeout else None
     model = load(args.model)
-    pins = parse_pins(args.pin, model)
+    pins = dict(model.pins)
+    for node, scope in parse_pins(args.pin, model).items():
+        joined = pins[node].join(scope) if node in pins else scope
+        if joined is None:
+            raise PartuneError(f"--pin puts node {node} on {scope}, the model pins it to {pins[node]}")
+        pins[node] = joined
     store = MeasurementStore(args.storage, device_fingerprint(args.threads))
     bars = _Bars()
     runner = make_runner(args.runner, parse_duration(args.measure_timeout), args.threads)
@@ -317,8 +323,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"partune: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("partune: interrupted", file=sys.stderr)
+        print("partune: interrupted (measurements taken so far are kept; rerun to resume)", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug, not bad input: still one line, unless asked for more
+        if os.environ.get("PARTUNE_DEBUG"):
+            raise
+        last = (str(e).strip().splitlines() or [""])[-1][:300]
+        print(f"partune: internal error: {type(e).__name__}: {last} (PARTUNE_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

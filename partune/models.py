@@ -20,6 +20,7 @@ from tvm import relax
 
 from search.errors import ModelError
 from search.graph import DataflowGraph
+from search.scopes import SEScope
 
 SEED = 0
 
@@ -35,10 +36,16 @@ class Model:
     reference_source: str
     torch_module: object | None = None  # for the torch peers in `partune bench`
     onnx_bytes: bytes | None = None  # for the onnxruntime peer, when the model came as ONNX
+    hints: dict[str, SEScope] = field(default_factory=dict)  # var name -> R.hint_on_device scope
     graph: DataflowGraph = field(init=False)
 
     def __post_init__(self) -> None:
         self.graph = DataflowGraph.from_function(self.mod["main"])
+
+    @property
+    def pins(self) -> dict[int, SEScope]:
+        """Nodes the model itself pins to a device (``R.hint_on_device`` in TVMScript)."""
+        return {n.index: self.hints[n.name] for n in self.graph.nodes if n.name in self.hints}
 
 
 @relax.expr_functor.mutator
@@ -53,6 +60,38 @@ class _BoolCumsumFix(relax.PyExprMutator):
             return relax.op.cumsum(x, axis=call.attrs.axis, dtype="int64",
                                    exclusive=call.attrs.exclusive)
         return call
+
+
+DEVICE_TYPES = {1: "cpu", 2: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm"}
+
+
+@relax.expr_functor.mutator
+class _HintsToPins(relax.PyExprMutator):
+    """``y = R.hint_on_device(x, dev)`` pins x's producer to dev, then becomes ``y = x``.
+
+    Device planning keeps pinned nodes on their scope; the hint itself has no lowering.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hints: dict[str, SEScope] = {}
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.hint_on_device":
+            dev = int(call.attrs.device_type)
+            arg = call.args[0]
+            if isinstance(arg, relax.Var):
+                self.hints[arg.name] = SEScope(device_type=DEVICE_TYPES.get(dev, str(dev)),
+                                               virtual_device_id=int(call.attrs.index))
+            return self.visit_expr(arg)
+        return super().visit_call_(call)
+
+
+def _strip_hints(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, SEScope]]:
+    mutator = _HintsToPins()
+    mod = mod.clone() if hasattr(mod, "clone") else mod
+    mod["main"] = mutator.visit_expr(mod["main"])
+    return mod, mutator.hints
 
 
 def normalise(mod: tvm.IRModule) -> tvm.IRModule:
@@ -183,11 +222,16 @@ def load_tvmscript(path: Path) -> Model:
         inputs.append(_random_input(tuple(int(v) for v in ty.shape.values), str(ty.dtype), SEED + k))
     from backends.tvm_backend import compile_module  # the reference is the untuned TVM build
 
+    mod, hints = _strip_hints(mod)
     mod = normalise(mod)
-    ex = compile_module(mod, tvm.target.Target({"kind": "llvm"}))
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    reference = _flatten(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]))
-    return Model(path.stem, mod, inputs, reference, "untuned TVM")
+    try:
+        ex = compile_module(mod, tvm.target.Target({"kind": "llvm"}))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        reference = _flatten(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]))
+    except Exception as e:  # noqa: BLE001 - TVM raises many kinds
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+        raise ModelError(f"cannot build TVMScript model {path} with TVM: {first[:200]}") from e
+    return Model(path.stem, mod, inputs, reference, "untuned TVM", hints=hints)
 
 
 LOADERS: dict[str, Callable[[Path], Model]] = {

@@ -112,3 +112,24 @@ def test_interval_rule_proposes_whole_blocks():
     # a node the backend refuses splits the intervals, and the maximal runs remain
     got = _sets(IntervalRule().propose(_ctx(Chain, accepts=lambda n: n != 4)))
     assert (0, 1, 2, 3) in got and (5, 6, 7) in got and all(4 not in s for s in got)
+
+
+def test_pins_drop_incompatible_candidates(tmp_path):
+    from partune.models import load
+    from search.candidates import enumerate_candidates
+    from search.scopes import CompilationConfig, SEScope
+    from tests.model_files import TVMSCRIPT
+
+    hinted = TVMSCRIPT.replace("z = R.nn.relu(y)", "y1 = R.hint_on_device(y, R.device(1, 0))\n            z = R.nn.relu(y1)")
+    path = tmp_path / "hinted.py"
+    path.write_text(hinted)
+    model = load(str(path))
+    assert model.pins == {0: SEScope(device_type="cpu", virtual_device_id=0)}  # the matmul
+    config = CompilationConfig.for_cpu(["torch", "onnxruntime"])
+    free = enumerate_candidates(model.mod, model.graph, config, model.pins)
+    assert {c.backend for c in free if 0 in c.subgraph} == {"tvm", "torch", "onnxruntime"}  # cpu fits all
+    pinned = enumerate_candidates(model.mod, model.graph, config, {0: SEScope(backend="torch")})
+    assert {c.backend for c in pinned if 0 in c.subgraph} == {"torch"}
+    assert {c.backend for c in pinned if 0 not in c.subgraph} == {"tvm", "torch", "onnxruntime"}
+    on_gpu = enumerate_candidates(model.mod, model.graph, config, {0: SEScope(device_type="cuda")})
+    assert not [c for c in on_gpu if 0 in c.subgraph]  # no CPU scope may take a GPU-pinned node
