@@ -15,29 +15,15 @@ from tvm.relax import op as O
 from backends.base import BackendError, FusionStyle, Level
 from backends.onnxruntime_backend import OnnxRuntimeBackend, relax_to_onnx
 from search.scopes import SEScope
+from tests.regions import SMALL_ZOO, run_region, tensor_types, zoo_mains
 
-SMALL_ZOO = ["resnet50-small", "mobilenet_v2-small", "convnext-small", "vit-small", "bert-small",
-             "gpt2-small"]
 SCOPE = SEScope("cpu", 0, {"kind": "llvm"}, "global", "onnxruntime")
 TOL = 1e-4  # relative to the output's scale
 
 
 @pytest.fixture(scope="module")
-def zoo() -> dict[str, tuple[relax.Function, tuple[torch.Tensor, ...], np.ndarray]]:
-    """Each small zoo model imported once: (main, inputs, torch eager output)."""
-    from tvm.relax.frontend.torch import from_exported_program
-
-    from partune.zoo import ZOO
-
-    out = {}
-    for name in SMALL_ZOO:
-        entry = ZOO[name]
-        model, inputs = entry.build(), entry.inputs()
-        with torch.no_grad():
-            ref = model(*inputs)
-        mod = from_exported_program(torch.export.export(model, inputs))
-        out[name] = (mod["main"], inputs, ref.numpy())
-    return out
+def zoo():
+    return zoo_mains()
 
 
 @pytest.fixture(scope="module")
@@ -45,22 +31,8 @@ def backend() -> OnnxRuntimeBackend:
     return OnnxRuntimeBackend()
 
 
-def _tensor_types(ty: tvm.ir.Type) -> list[relax.TensorType]:
-    if isinstance(ty, relax.TupleType):
-        return [t for f in ty.fields for t in _tensor_types(f)]
-    return [ty]
-
-
-def _empty(ty: relax.TensorType) -> tvm.runtime.Tensor:
-    return tvm.runtime.tensor(np.zeros([int(d) for d in ty.shape.values], str(ty.dtype)))
-
-
 def _run(backend: OnnxRuntimeBackend, func: relax.Function, *inputs: np.ndarray) -> list[np.ndarray]:
-    """Build ``func`` and call it destination-passing style; returns the outputs."""
-    kernel = backend.build_region(func, SCOPE, 1)
-    outs = [_empty(t) for t in _tensor_types(func.ret_ty)]
-    kernel(*(tvm.runtime.tensor(np.asarray(x).copy()) for x in inputs), *outs)
-    return [o.numpy() for o in outs]
+    return run_region(backend, SCOPE, func, *inputs)
 
 
 def _func(params: list[tuple[tuple[int, ...], str]], body: Callable[..., relax.Expr]) -> relax.Function:
@@ -111,7 +83,7 @@ def test_relax_to_onnx_passes_checker(zoo) -> None:
     model = relax_to_onnx(func)
     onnx.checker.check_model(model, full_check=True)
     assert [i.name for i in model.graph.input] == [p.name for p in func.params]
-    assert len(model.graph.output) == len(_tensor_types(func.ret_ty))
+    assert len(model.graph.output) == len(tensor_types(func.ret_ty))
     assert len(model.graph.initializer) > 0
     assert model.opset_import[0].version == 17
     with pytest.raises(BackendError):

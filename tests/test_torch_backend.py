@@ -15,30 +15,16 @@ from tvm.relax import op as O
 from backends.base import BackendError, FusionStyle, Level
 from backends.torch_backend import PATTERNS, TorchBackend
 from search.scopes import SEScope
+from tests.regions import SMALL_ZOO, run_region, zoo_mains
 
-SMALL_ZOO = ["resnet50-small", "mobilenet_v2-small", "convnext-small", "vit-small", "bert-small",
-             "gpt2-small"]
 SCOPE = SEScope("cpu", 0, {"kind": "llvm"}, "global", "torch")
 TOL = 1e-4  # relative to the output's scale
 RNG = np.random.default_rng(0)
 
 
 @pytest.fixture(scope="module")
-def zoo() -> dict[str, tuple[relax.Function, tuple[torch.Tensor, ...], np.ndarray]]:
-    """Each small zoo model imported once: (main, inputs, torch eager output)."""
-    from tvm.relax.frontend.torch import from_exported_program
-
-    from partune.zoo import ZOO
-
-    out = {}
-    for name in SMALL_ZOO:
-        entry = ZOO[name]
-        model, inputs = entry.build(), entry.inputs()
-        with torch.no_grad():
-            ref = model(*inputs)
-        mod = from_exported_program(torch.export.export(model, inputs))
-        out[name] = (mod["main"], inputs, ref.numpy())
-    return out
+def zoo():
+    return zoo_mains()
 
 
 @pytest.fixture(scope="module")
@@ -49,22 +35,8 @@ def backend() -> TorchBackend:
 # --------------------------------------------------------------------------- helpers
 
 
-def tensor_types(ty: tvm.ir.Type) -> list[relax.TensorType]:
-    if isinstance(ty, relax.TupleType):
-        return [t for f in ty.fields for t in tensor_types(f)]
-    return [ty]
-
-
-def empty(ty: relax.TensorType) -> tvm.runtime.Tensor:
-    return tvm.runtime.tensor(np.zeros([int(d) for d in ty.shape.values], str(ty.dtype)))
-
-
 def run(backend: TorchBackend, func: relax.Function, *inputs: np.ndarray) -> list[np.ndarray]:
-    """Build ``func`` and call it destination-passing style; returns the outputs."""
-    kernel = backend.build_region(func, SCOPE, 1)
-    outs = [empty(t) for t in tensor_types(func.ret_ty)]
-    kernel(*[tvm.runtime.tensor(x) for x in inputs], *outs)
-    return [o.numpy() for o in outs]
+    return run_region(backend, SCOPE, func, *inputs)
 
 
 def run_tvm(func: relax.Function, *inputs: np.ndarray) -> list[np.ndarray]:

@@ -1,0 +1,49 @@
+"""Shared by the backend tests: the small zoo as raw Relax, and calling a built region."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import tvm
+from tvm import relax
+
+SMALL_ZOO = ["resnet50-small", "mobilenet_v2-small", "convnext-small", "vit-small", "bert-small",
+             "gpt2-small"]
+
+_zoo: dict[str, tuple[relax.Function, tuple[torch.Tensor, ...], np.ndarray]] = {}
+
+
+def zoo_mains() -> dict[str, tuple[relax.Function, tuple[torch.Tensor, ...], np.ndarray]]:
+    """Each small zoo model imported once per session, as the torch frontend gives it
+    (not normalised, so backends see what importers emit): (main, inputs, eager output)."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    from partune.zoo import ZOO
+
+    for name in SMALL_ZOO:
+        if name not in _zoo:
+            entry = ZOO[name]
+            model, inputs = entry.build(), entry.inputs()
+            with torch.no_grad():
+                ref = model(*inputs)
+            mod = from_exported_program(torch.export.export(model, inputs))
+            _zoo[name] = (mod["main"], inputs, ref.numpy())
+    return _zoo
+
+
+def tensor_types(ty: tvm.ir.Type) -> list[relax.TensorType]:
+    if isinstance(ty, relax.TupleType):
+        return [t for f in ty.fields for t in tensor_types(f)]
+    return [ty]
+
+
+def empty(ty: relax.TensorType) -> tvm.runtime.Tensor:
+    return tvm.runtime.tensor(np.zeros([int(d) for d in ty.shape.values], str(ty.dtype)))
+
+
+def run_region(backend, scope, func: relax.Function, *inputs: np.ndarray) -> list[np.ndarray]:
+    """Build ``func`` on ``backend`` and call it destination-passing style; the outputs."""
+    kernel = backend.build_region(func, scope, 1)
+    outs = [empty(t) for t in tensor_types(func.ret_ty)]
+    kernel(*(tvm.runtime.tensor(np.asarray(x).copy()) for x in inputs), *outs)
+    return [o.numpy() for o in outs]
