@@ -160,6 +160,9 @@ def summarise(result, model) -> str:
         lines.append(f"DP estimate {est:.3f} ms vs measured "
                      + (f"{measured.cost_s * 1e3:.3f} ms" if measured and measured.ok else "n/a")
                      + f" ({result.cover.states} DP states)")
+    if result.adjust_s:
+        adj = ", ".join(f"{k} {v * 1e6:+.1f} us" for k, v in result.adjust_s.items())
+        lines.append(f"per-region cost in a whole model vs isolated: {adj}")
     known = plan.estimated_cost_s()
     lines.append(f"| {'backend':<12} | {'regions':>7} | {'ops':>5} | {'share of time':>13} |")
     lines.append("|--------------|---------|-------|---------------|")

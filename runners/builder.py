@@ -103,17 +103,19 @@ def plan_request(module_json: str, plan: Plan, inputs: list[np.ndarray],
             "inputs": [encode_array(a) for a in inputs], "protocol": protocol or {}}
 
 
-def overhead_request(scope: SEScope, protocol: dict | None = None) -> dict:
-    """A request timing the smallest region (one add of one float) on ``scope``.
-
-    What it measures is the backend's fixed cost per call, which a region pays in
-    isolation but, for native TVM, not inside a whole model.
-    """
+def calibration_module() -> tvm.IRModule:
+    """The smallest model: one add of one float. Timing it shows fixed per-call costs."""
     x = relax.Var("x", relax.TensorType((1,), "float32"))
     bb = relax.BlockBuilder()
-    with bb.function("region", [x]):
+    with bb.function("main", [x]):
         with bb.dataflow():
             y = bb.emit_output(relax.op.add(x, x))
         bb.emit_func_output(y)
+    return bb.get()
+
+
+def overhead_request(scope: SEScope, protocol: dict | None = None) -> dict:
+    """A request timing the calibration model's only node as an isolated region on ``scope``."""
     return {"kind": "region", "backend": scope.backend, "scope": scope.to_json(),
-            "module": tvm.ir.save_json(bb.get()), "function": "region", "protocol": protocol or {}}
+            "module": tvm.ir.save_json(calibration_module()), "function": "main",
+            "protocol": protocol or {}}

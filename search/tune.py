@@ -14,13 +14,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import tvm
 
-from runners.builder import overhead_request, plan_request, region_request
+from runners.builder import calibration_module, overhead_request, plan_request, region_request
 from runners.runner import Runner
 from runners.timing import Measurement
 from search.candidates import Candidate, accepted_nodes, enumerate_candidates, region_key
 from search.dp import Cover, NoCoverError, cheapest_cover, schedulable
+from search.graph import DataflowGraph
 from search.plan import Plan, Region, single_backend_plan
 from search.scopes import CompilationConfig, SEScope
 from search.store import MeasurementStore
@@ -60,7 +62,7 @@ class TuneResult:
     failed: int = 0
     search_s: float = 0.0
     timed_out: bool = False
-    native_overhead_s: float = 0.0
+    adjust_s: dict[str, float] = field(default_factory=dict)  # per scope: whole-model minus isolated
     labels: dict[str, Plan] = field(default_factory=dict)
 
 
@@ -91,21 +93,14 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         result.failed += not m.ok
         progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
 
-    # Native TVM regions run inline in the whole model: their isolated per-call cost
-    # (the VM call) is not paid there, so it is taken off their measured cost.
-    native = config.default
-    okey = "overhead:" + json.dumps(native.to_json(), sort_keys=True)
-    if okey not in store:
-        store.put(okey, runner.run(overhead_request(native, CANDIDATE_PROTOCOL)), f"{native} call overhead")
-        result.measured += 1
-    overhead = store.get(okey).cost_s if store.get(okey).ok else 0.0  # type: ignore[union-attr]
-    result.native_overhead_s = overhead
+    adjust = calibrate(runner, store, config, result)
+    result.adjust_s = {k.backend or str(k): v for k, v in adjust.items()}
 
     def cost(c: Candidate) -> float:
         m = store.get(keys[c])
         if m is None or not m.ok:
             return float("inf")
-        return max(m.cost_s - overhead, 0.0) if c.scope == native else m.cost_s
+        return max(m.cost_s + adjust.get(c.scope, 0.0), 0.0)
 
     contenders: dict[str, Plan] = {}
 
@@ -124,6 +119,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         contenders["partune dp"] = found[1]
     # The top few: the DP restricted to native + one other backend is a second opinion
     # when isolated costs mislead (a plan's parts interact); end to end decides.
+    native = config.default
     if len(backends) > 2:
         for b in backends:
             if b != native.backend and (alt := dp_plan({native.backend, b})) is not None:
@@ -162,6 +158,43 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
                               "end_to_end_s": {k: v.cost_s for k, v in ok.items()}})
     result.search_s = time.monotonic() - start
     return result
+
+
+def calibrate(runner: Runner, store: MeasurementStore, config: CompilationConfig,
+              result: TuneResult) -> dict[SEScope, float]:
+    """Per scope, what a region costs in the whole model beyond its isolated time.
+
+    An isolated region is called from Python; inside the model the VM calls it. Native
+    TVM regions run inline (their isolated VM call is not paid: a negative adjustment);
+    a library region pays the VM-to-kernel transition (the penalty Collage lacked).
+    Both come from timing the one-add calibration model, isolated and end to end.
+    """
+    model_json = tvm.ir.save_json(calibration_module())
+    graph = DataflowGraph.from_function(calibration_module()["main"])
+
+    def measured(key: str, request: dict, label: str) -> float | None:
+        if key not in store:
+            store.put(key, runner.run(request), label)
+            result.measured += 1
+        m = store.get(key)
+        return m.cost_s if m is not None and m.ok else None
+
+    isolated, whole = {}, {}
+    for scope in config.primitives:
+        tag = json.dumps(scope.to_json(), sort_keys=True)
+        isolated[scope] = measured("overhead:" + tag, overhead_request(scope, CANDIDATE_PROTOCOL),
+                                   f"{scope} isolated call")
+        plan = Plan("calibration", graph.fingerprint, config, (Region((0,), scope),))
+        whole[scope] = measured("transition:" + tag, plan_request(model_json, plan, [np.ones(1, "float32")],
+                                                                  CANDIDATE_PROTOCOL), f"{scope} in a model")
+    native = config.default
+    out: dict[SEScope, float] = {}
+    if isolated[native] is not None and whole[native] is not None:
+        out[native] = -isolated[native]
+        for scope in config.primitives:
+            if scope != native and isolated[scope] is not None and whole[scope] is not None:
+                out[scope] = max((whole[scope] - isolated[scope]) - (whole[native] - isolated[native]), 0.0)
+    return out
 
 
 def _stored_cost(store: MeasurementStore, graph, region: Region) -> float | None:
