@@ -7,7 +7,7 @@ import pytest
 from partune.cli import main
 from search.plan import single_backend_plan
 from search.scopes import CompilationConfig
-from tests.model_files import write_tvmscript
+from tests.model_files import write_onnx, write_tvmscript
 
 
 def _fails_cleanly(capsys, argv, match):
@@ -73,3 +73,15 @@ def test_run_prints_latency_and_error(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "latency" in out and "max |err|" in out
     assert json.loads(saved.read_text())["regions"]
+
+
+def test_bench_prints_a_ratio_table(capsys, tmp_path):
+    onnx_file = write_onnx(tmp_path / "m.onnx")
+    assert main(["bench", str(onnx_file), "--peers", "onnxruntime"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and "contender" not in ln]
+    names = {ln.split("|")[1].strip() for ln in rows}
+    assert names == {"partune tvm-only plan", "partune torch-only plan", "partune onnxruntime-only plan",
+                     "onnxruntime (whole model)"}
+    ratios = [float(ln.split("|")[-2]) for ln in rows]
+    assert min(ratios) == 1.0 and all(r >= 1.0 for r in ratios)
