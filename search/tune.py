@@ -173,7 +173,9 @@ def calibrate(runner: Runner, store: MeasurementStore, config: CompilationConfig
     graph = DataflowGraph.from_function(calibration_module()["main"])
 
     def measured(key: str, request: dict, label: str) -> float | None:
-        if key not in store:
+        if key in store:
+            result.reused += 1
+        else:
             store.put(key, runner.run(request), label)
             result.measured += 1
         m = store.get(key)
