@@ -6,6 +6,7 @@ validated plan and a model and hands back a runnable Relax VM.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from search.plan import Plan
 from search.scopes import SEScope
 
 _installed: set[str] = set()
+_build_ids = itertools.count()
 
 
 def install_codegen(backend_name: str) -> None:
@@ -67,7 +69,10 @@ def _flatten(out) -> list[np.ndarray]:
 def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltModel:
     """Validate ``plan`` against the model, partition, run the codegens and compile."""
     plan.validate(graph, registry.names())
-    partitioned = partition.apply(plan, mod, graph, lambda b: registry.get(b).codegen)
+    # Kernels are registered globally by symbol: a fresh prefix per build keeps a model
+    # built earlier in this process from calling a later build's kernels.
+    partitioned = partition.apply(plan, mod, graph, lambda b: registry.get(b).codegen,
+                                  prefix=f"b{next(_build_ids)}")
     for name in plan.backends:
         install_codegen(name)
     lowered = relax.transform.RunCodegen()(partitioned)

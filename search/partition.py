@@ -128,11 +128,12 @@ def lift_region(bindings: list[relax.Binding], exits: list[relax.Var], name: str
 
 
 def apply(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph,
-          codegen_of: Callable[[str], str | None]) -> tvm.IRModule:
+          codegen_of: Callable[[str], str | None], prefix: str = "") -> tvm.IRModule:
     """Rewrite ``mod`` so each region runs on its plan's SEScope.
 
-    ``codegen_of(backend)`` gives a backend's BYOC codegen name, or None for native TVM.
-    The plan must already be validated against ``graph``.
+    ``codegen_of(backend)`` gives a backend's BYOC codegen name, or None for native TVM;
+    ``prefix`` makes the regions' global symbols unique per build. The plan must already
+    be validated against ``graph``.
     """
     func = mod["main"]
     bindings = main_bindings(func)
@@ -153,7 +154,7 @@ def apply(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph,
                         env[b.var] = bb.emit(_substitute(b.value, env), name_hint=b.var.name)
                     continue
                 exits = [bindings[n].var for n in region_exits(graph, set(nodes))]
-                symbol = f"{codegen}_r{k}_{nodes[0]}"
+                symbol = f"{codegen}_{prefix}r{k}_{nodes[0]}"
                 attrs = {"Codegen": codegen, "global_symbol": symbol,
                          SCOPE_ATTR: json.dumps(region.scope.to_json())}
                 lifted, args, rebuild = lift_region([bindings[n] for n in nodes], exits, symbol, attrs)
