@@ -47,7 +47,8 @@ class TvmBackend(Backend):
     device_types = ("cpu", "cuda")
 
     def __init__(self, database_dir: str | None = None) -> None:
-        self.database_dir = database_dir
+        # The environment carries the setting into worker processes and RPC servers.
+        self.database_dir = database_dir or os.environ.get("PARTUNE_TVM_DATABASE") or None
 
     def accepts(self, binding: relax.Binding) -> bool:
         return True  # every Relax op has a legalisation

@@ -259,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
                "(torch ExportedProgram) or TVMScript (.py/.tvmscript/.relax) file.")
     p.add_argument("--threads", type=int, default=1,
                    help="threads for every backend and peer (default 1: the stable setting on small machines)")
+    p.add_argument("--tvm-database", metavar="DIR",
+                   help="a MetaSchedule JSON database: the tvm backend applies its tuned schedules")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run a model under a plan; print latency and error vs the reference")
@@ -316,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 1:
         print("partune: error: --threads must be at least 1", file=sys.stderr)
         return EXIT_USAGE
+    if args.tvm_database:
+        if not os.path.isdir(args.tvm_database):
+            print(f"partune: error: --tvm-database {args.tvm_database} is not a directory", file=sys.stderr)
+            return EXIT_USAGE
+        os.environ["PARTUNE_TVM_DATABASE"] = os.path.abspath(args.tvm_database)
     _setup_threads(args.threads)
     from backends.registry import UnknownBackendError
     from search.errors import PartuneError

@@ -85,3 +85,20 @@ def test_bench_prints_a_ratio_table(capsys, tmp_path):
                      "onnxruntime (whole model)"}
     ratios = [float(ln.split("|")[-2]) for ln in rows]
     assert min(ratios) == 1.0 and all(r >= 1.0 for r in ratios)
+
+
+def test_tvm_database_is_handed_to_the_tvm_backend(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("PARTUNE_TVM_DATABASE", raising=False)
+    db = tmp_path / "ms"
+    db.mkdir()
+    from backends import registry
+
+    registry.register("tvm", "backends.tvm_backend:TvmBackend")  # a fresh instance reads the setting
+    try:
+        assert main(["--tvm-database", str(db), "run", str(write_tvmscript(tmp_path / "m.py"))]) == 0
+        assert registry.get("tvm").database_dir == str(db)
+        assert (db / "database_workload.json").exists()  # MetaSchedule opened it while building
+    finally:
+        monkeypatch.delenv("PARTUNE_TVM_DATABASE", raising=False)
+        registry.register("tvm", "backends.tvm_backend:TvmBackend")
+    _fails_cleanly(capsys, ["--tvm-database", str(tmp_path / "nope"), "run", "bert-small"], "not a directory")
