@@ -52,18 +52,17 @@ class Progress:
 
 @dataclass
 class TuneResult:
-    plan: Plan  # the emitted plan: fastest measured end to end
-    dp_plan: Plan | None
-    cover: Cover | None
-    end_to_end: dict[str, Measurement]  # plan label -> measurement
     candidates: int
+    plan: Plan | None = None  # the emitted plan: fastest measured end to end
+    dp_plan: Plan | None = None
+    cover: Cover | None = None
+    end_to_end: dict[str, Measurement] = field(default_factory=dict)  # plan label -> measurement
     measured: int = 0
     reused: int = 0
     failed: int = 0
     search_s: float = 0.0
     timed_out: bool = False
     adjust_s: dict[str, float] = field(default_factory=dict)  # per scope: whole-model minus isolated
-    labels: dict[str, Plan] = field(default_factory=dict)
 
 
 def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
@@ -80,7 +79,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     for c in sorted(cands, key=lambda c: (len(c.subgraph), c.subgraph.nodes[0])):
         if keys[c] not in store and keys[c] not in todo:
             todo[keys[c]] = c
-    result = TuneResult(plan=None, dp_plan=None, cover=None, end_to_end={}, candidates=len(cands))  # type: ignore[arg-type]
+    result = TuneResult(candidates=len(cands))
     result.reused = len({keys[c] for c in cands}) - len(todo)
     progress.start_phase("measure candidates", len(todo))
     for key, c in todo.items():
@@ -143,7 +142,6 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
             result.reused += 1
         result.end_to_end[label] = m
         progress.advance(f"{label}: " + (f"{m.cost_s * 1e3:.3f} ms" if m.ok else "failed"))
-    result.labels = contenders
     ok = {label: m for label, m in result.end_to_end.items() if m.ok}
     if not ok:
         raise RuntimeError("no plan could be built and run: " +
