@@ -45,6 +45,12 @@ def register(name: str, target: str) -> None:
     _instances.pop(name, None)
 
 
+def unregister(name: str) -> None:
+    """Forget a backend registered with ``register``."""
+    _BACKENDS.pop(name, None)
+    _instances.pop(name, None)
+
+
 def get(name: str) -> Backend:
     if name not in _BACKENDS:
         raise UnknownBackendError(name)

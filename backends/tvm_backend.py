@@ -31,11 +31,13 @@ def compile_module(mod: tvm.IRModule, target: tvm.target.Target,
     return tvm.compile(mod, target=target)
 
 
-def _strip_byoc_attrs(func: relax.Function) -> relax.Function:
+def _as_main(func: relax.Function) -> relax.Function:
+    """The region as a public ``main``: without a global symbol, passes may drop it as dead."""
     attrs = {k: v for k, v in (func.attrs or {}).items()
-             if k not in ("Codegen", "global_symbol") and not k.startswith("partune.")}
+             if k != "Codegen" and not k.startswith("partune.")}
+    attrs["global_symbol"] = "main"
     return relax.Function(func.params, func.body, func.ret_ty, func.is_pure,
-                          tvm.ir.make_node("ir.DictAttrs", **attrs) if attrs else None)
+                          tvm.ir.make_node("ir.DictAttrs", **attrs))
 
 
 class TvmBackend(Backend):
@@ -62,7 +64,7 @@ class TvmBackend(Backend):
     def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> RegionKernel:
         """Build the region as its own module and VM; copy results into the destinations."""
         self.set_threads(threads)
-        mod = tvm.IRModule({"main": _strip_byoc_attrs(func)})
+        mod = tvm.IRModule({"main": _as_main(func)})
         ex = compile_module(mod, scope.tvm_target(), self.database_dir)
         device = tvm.device(scope.device_type or "cpu", scope.virtual_device_id or 0)
         vm = relax.VirtualMachine(ex, device)

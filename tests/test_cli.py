@@ -98,7 +98,6 @@ def test_tvm_database_is_handed_to_the_tvm_backend(capsys, tmp_path, monkeypatch
         assert main(["--tvm-database", str(db), "run", str(write_tvmscript(tmp_path / "m.py"))]) == 0
         assert registry.get("tvm").database_dir == str(db)
         assert (db / "database_workload.json").exists()  # MetaSchedule opened it while building
-    finally:
-        monkeypatch.delenv("PARTUNE_TVM_DATABASE", raising=False)
+    finally:  # main() set the variable itself; monkeypatch restores the original at teardown
         registry.register("tvm", "backends.tvm_backend:TvmBackend")
     _fails_cleanly(capsys, ["--tvm-database", str(tmp_path / "nope"), "run", "bert-small"], "not a directory")

@@ -89,6 +89,9 @@ def crash_backends(monkeypatch):
     monkeypatch.setenv("PARTUNE_EXTRA_BACKENDS", spec)  # for worker processes
     registry.register("segfault", "tests.crash_backend:SegfaultBackend")
     registry.register("hang", "tests.crash_backend:HangBackend")
+    yield
+    registry.unregister("segfault")  # later tests that use every backend must not get these
+    registry.unregister("hang")
 
 
 def test_crashing_kernel_costs_one_candidate(tmp_path, chain_file, crash_backends, capsys):
@@ -161,3 +164,19 @@ def test_unreachable_tracker_is_a_clear_error(capsys, chain_file):
     assert main(["tune", str(chain_file), "--runner", f"rpc://127.0.0.1:{port}/k",
                  "--storage", "sqlite:///:memory:"]) == 2
     assert "cannot reach RPC tracker" in capsys.readouterr().err
+
+
+def test_tvm_region_builds_with_a_tuning_database(tmp_path, monkeypatch):
+    """With a database, TVM's tuning pipeline runs first; the region's main must survive it."""
+    from runners.worker import handle
+
+    monkeypatch.setenv("PARTUNE_TVM_DATABASE", str(tmp_path))
+    registry.register("tvm", "backends.tvm_backend:TvmBackend")
+    try:
+        g = DataflowGraph.from_function(Chain["main"])
+        req = region_request(Chain, g, (0, 1, 2), CompilationConfig.for_cpu(["tvm"]).scope_for("tvm"))
+        reply = handle(req)
+        assert reply["measurement"]["error"] is None, reply
+        assert registry.get("tvm").database_dir == str(tmp_path)
+    finally:  # monkeypatch unsets the variable at teardown; the next instance reads no database
+        registry.register("tvm", "backends.tvm_backend:TvmBackend")
