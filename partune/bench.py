@@ -51,9 +51,9 @@ def _bench_one(name: str, kind: str, make: Callable, reference) -> BenchRow:
 
 
 def _peer(run):
-    from partune.models import _flatten
+    from runners.builder import flatten_outputs
 
-    return run, _flatten(run())
+    return run, flatten_outputs(run())
 
 
 def contenders(model, backends: list[str] | None, peers: list[str] | None, threads: int):

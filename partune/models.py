@@ -18,6 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from runners.builder import flatten_outputs
 from search.errors import ModelError
 from search.graph import DataflowGraph
 from search.scopes import SEScope
@@ -104,28 +105,12 @@ def normalise(mod: tvm.IRModule) -> tvm.IRModule:
     return mod
 
 
-def _flatten(out) -> list[np.ndarray]:
-    """Outputs of torch, onnxruntime or the TVM VM as a flat list of numpy arrays."""
-    if isinstance(out, np.ndarray):
-        return [out]
-    if hasattr(out, "detach"):
-        return [out.detach().cpu().numpy()]
-    if hasattr(out, "numpy"):
-        return [out.numpy()]
-    if isinstance(out, dict):
-        out = list(out.values())
-    items = []
-    for o in out:
-        items.extend(_flatten(o))
-    return items
-
-
 def _from_torch(name: str, module, args: tuple, source: str) -> Model:
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
     with torch.no_grad():
-        reference = _flatten(module(*args))
+        reference = flatten_outputs(module(*args))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ep = torch.export.export(module, args)
@@ -193,7 +178,7 @@ def load_onnx(path: Path) -> Model:
         shapes[inp.name] = shape
         inputs.append(_random_input(shape, dtype, SEED + k))
     sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    reference = _flatten(sess.run(None, {n: a for n, a in zip(shapes, inputs, strict=True)}))
+    reference = flatten_outputs(sess.run(None, {n: a for n, a in zip(shapes, inputs, strict=True)}))
     try:
         mod = from_onnx(proto, shape_dict=shapes, keep_params_in_input=False)
     except Exception as e:
@@ -227,7 +212,7 @@ def load_tvmscript(path: Path) -> Model:
     try:
         ex = compile_module(mod, tvm.target.Target({"kind": "llvm"}))
         vm = relax.VirtualMachine(ex, tvm.cpu())
-        reference = _flatten(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]))
+        reference = flatten_outputs(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]))
     except Exception as e:  # noqa: BLE001 - TVM raises many kinds
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise ModelError(f"cannot build TVMScript model {path} with TVM: {first[:200]}") from e

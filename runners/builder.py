@@ -51,7 +51,7 @@ class BuiltModel:
 
     def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         out = self.vm["main"](*[tvm.runtime.tensor(a, self.device) for a in inputs])
-        return _flatten(out)
+        return flatten_outputs(out)
 
     def prepare(self, inputs: list[np.ndarray]):
         """A no-argument callable running the model on device-resident inputs (for timing)."""
@@ -60,10 +60,17 @@ class BuiltModel:
         return lambda: main(*args)
 
 
-def _flatten(out) -> list[np.ndarray]:
-    if hasattr(out, "numpy"):
+def flatten_outputs(out) -> list[np.ndarray]:
+    """Outputs of the TVM VM, torch or onnxruntime as a flat list of numpy arrays."""
+    if isinstance(out, np.ndarray):
+        return [out]
+    if hasattr(out, "detach"):  # torch
+        return [out.detach().cpu().numpy()]
+    if hasattr(out, "numpy"):  # TVM tensor
         return [out.numpy()]
-    return [a for o in out for a in _flatten(o)]
+    if isinstance(out, dict):
+        out = list(out.values())
+    return [a for o in out for a in flatten_outputs(o)]
 
 
 def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltModel:
