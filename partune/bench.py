@@ -61,8 +61,7 @@ def contenders(model, backends: list[str] | None, peers: list[str] | None, threa
     from backends import registry
     from runners import peers as p
     from runners.builder import build_plan
-    from search.candidates import accepted_nodes
-    from search.plan import single_backend_plan
+    from search.candidates import backend_plan
     from search.scopes import CompilationConfig
 
     backends = backends or list(registry.names())
@@ -72,7 +71,7 @@ def contenders(model, backends: list[str] | None, peers: list[str] | None, threa
     for b in backends:
         def make(b=b):
             config = CompilationConfig.for_cpu([b], threads)
-            plan = single_backend_plan(model.name, model.graph, config, b, accepted_nodes(model.mod["main"], b))
+            plan = backend_plan(model.name, model.mod, model.graph, config, b)
             built = build_plan(plan, model.mod, model.graph)
             return built.prepare(model.inputs), built(model.inputs)
         out.append((f"partune {b}-only plan", "plan", make))

@@ -24,13 +24,11 @@ def _setup_threads(threads: int) -> None:
 
 
 def _backend_plan(model, backend: str, threads: int):
-    from search.candidates import accepted_nodes
-    from search.plan import single_backend_plan
+    from search.candidates import backend_plan
     from search.scopes import CompilationConfig
 
     config = CompilationConfig.for_cpu([backend], threads)
-    return single_backend_plan(model.name, model.graph, config, backend,
-                               accepted_nodes(model.mod["main"], backend))
+    return backend_plan(model.name, model.mod, model.graph, config, backend)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

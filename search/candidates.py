@@ -18,6 +18,7 @@ from tvm.relax.dpl import WildcardPattern
 
 from backends import registry
 from search.graph import DataflowGraph, main_bindings
+from search.plan import Plan, single_backend_plan
 from search.rules import RuleContext, rule_for_style
 from search.scopes import CompilationConfig, SEScope
 from search.subgraph import SubGraph
@@ -80,6 +81,12 @@ def _matcher(func: relax.Function):
 def accepted_nodes(func: relax.Function, backend: str) -> set[int]:
     impl = registry.get(backend)
     return {i for i, b in enumerate(main_bindings(func)) if impl.accepts(b)}
+
+
+def backend_plan(name: str, mod: tvm.IRModule, graph: DataflowGraph, config: CompilationConfig,
+                 backend: str) -> Plan:
+    """The single-backend plan: all that ``backend`` accepts goes to it, the rest to the default."""
+    return single_backend_plan(name, graph, config, backend, accepted_nodes(mod["main"], backend))
 
 
 def enumerate_candidates(mod: tvm.IRModule, graph: DataflowGraph, config: CompilationConfig,

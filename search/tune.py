@@ -20,10 +20,10 @@ import tvm
 from runners.builder import calibration_module, overhead_request, plan_request, region_request
 from runners.runner import Runner
 from runners.timing import Measurement
-from search.candidates import Candidate, accepted_nodes, enumerate_candidates, region_key
+from search.candidates import Candidate, backend_plan, enumerate_candidates, region_key
 from search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from search.graph import DataflowGraph
-from search.plan import Plan, Region, single_backend_plan
+from search.plan import Plan, Region
 from search.scopes import CompilationConfig, SEScope
 from search.store import MeasurementStore
 from search.subgraph import SubGraph
@@ -125,8 +125,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
                 if all(plan_key(alt[1]) != plan_key(p) for p in contenders.values()):
                     contenders[f"partune dp ({native.backend}+{b})"] = alt[1]
     for b in backends:
-        contenders[f"{b}-only"] = single_backend_plan(model.name, graph, config, b,
-                                                      accepted_nodes(mod["main"], b))
+        contenders[f"{b}-only"] = backend_plan(model.name, mod, graph, config, b)
     module_json = None
     progress.start_phase("measure plans end to end", len(contenders))
     for label, plan in contenders.items():
