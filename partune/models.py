@@ -19,6 +19,7 @@ import tvm
 from tvm import relax
 
 from runners.builder import flatten_outputs
+from runners.worker import random_array
 from search.errors import ModelError
 from search.graph import DataflowGraph
 from search.scopes import SEScope
@@ -132,12 +133,7 @@ def load_zoo(name: str) -> Model:
 
 
 def _random_input(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if np.issubdtype(np.dtype(dtype), np.integer):
-        return rng.integers(0, 2, size=shape).astype(dtype)
-    if dtype == "bool":
-        return rng.integers(0, 2, size=shape).astype(bool)
-    return rng.standard_normal(shape).astype(dtype)
+    return random_array(shape, dtype, np.random.default_rng(seed))
 
 
 def load_pt2(path: Path) -> Model:

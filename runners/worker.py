@@ -27,26 +27,17 @@ def decode_array(s: str) -> np.ndarray:
     return np.load(io.BytesIO(base64.b64decode(s)), allow_pickle=False)
 
 
-def _random_tensor(ty, rng: np.random.Generator):
-    import tvm
-
-    shape = tuple(int(v) for v in ty.shape.values)
-    dtype = str(ty.dtype)
+def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """Random data of a dtype: normal floats; 0/1 integers and bools, valid as any index."""
     if dtype == "bool":
-        data = rng.integers(0, 2, size=shape).astype(bool)
-    elif np.issubdtype(np.dtype(dtype), np.integer):
-        data = rng.integers(0, 2, size=shape).astype(dtype)  # valid as any index
-    else:
-        data = rng.standard_normal(shape).astype(dtype)
-    return tvm.runtime.tensor(data)
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        return rng.integers(0, 2, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
 
 
-def _flat_types(ty) -> list:
-    from tvm import relax
-
-    if isinstance(ty, relax.TupleType):
-        return [t for f in ty.fields for t in _flat_types(f)]
-    return [ty]
+def _shape(ty) -> tuple[int, ...]:
+    return tuple(int(v) for v in ty.shape.values)
 
 
 def _protocol(req: dict) -> Protocol:
@@ -58,6 +49,7 @@ def measure_region(req: dict) -> Measurement:
     import tvm
 
     from backends import registry
+    from search.graph import tensor_types
     from search.scopes import SEScope
 
     registry.set_threads(req.get("threads", 1))
@@ -66,9 +58,8 @@ def measure_region(req: dict) -> Measurement:
     scope = SEScope.from_json(req["scope"])
     kernel = registry.get(req["backend"]).build_region(func, scope, registry.threads())
     rng = np.random.default_rng(0)
-    args = [_random_tensor(p.ty, rng) for p in func.params]
-    outs = [tvm.runtime.tensor(np.empty(tuple(int(v) for v in t.shape.values), str(t.dtype)))
-            for t in _flat_types(func.ret_ty)]
+    args = [tvm.runtime.tensor(random_array(_shape(p.ty), str(p.ty.dtype), rng)) for p in func.params]
+    outs = [tvm.runtime.tensor(np.empty(_shape(t), str(t.dtype))) for t in tensor_types(func.ret_ty)]
     every = args + outs
     return time_callable(lambda: kernel(*every), _protocol(req))
 

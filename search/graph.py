@@ -53,11 +53,12 @@ def _short(op_name: str) -> str:
     return op_name[len("relax."):] if op_name.startswith("relax.") else op_name
 
 
-def _tensor_types(ty) -> list[relax.TensorType]:
+def tensor_types(ty) -> list[relax.TensorType]:
+    """The tensor types in ``ty``, tuples flattened in order."""
     if isinstance(ty, relax.TensorType):
         return [ty]
     if isinstance(ty, relax.TupleType):
-        return [t for f in ty.fields for t in _tensor_types(f)]
+        return [t for f in ty.fields for t in tensor_types(f)]
     return []
 
 
@@ -231,8 +232,8 @@ class DataflowGraph:
             op = _op_name(value)
             args = _args(value)
             in_types = [t for a in args if isinstance(a, relax.Expr) and hasattr(a, "ty")
-                        for t in _tensor_types(a.ty)]
-            out_types = _tensor_types(binding.var.ty)
+                        for t in tensor_types(a.ty)]
+            out_types = tensor_types(binding.var.ty)
             inputs = tuple(dict.fromkeys(index[a] for a in _vars(args) if a in index))
             attrs = str(value.attrs) if isinstance(value, relax.Call) and value.attrs is not None else ""
             arg_desc = tuple(_describe_arg(a, index) for a in args)

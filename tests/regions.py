@@ -7,6 +7,8 @@ import torch
 import tvm
 from tvm import relax
 
+from search.graph import tensor_types
+
 SMALL_ZOO = ["resnet50-small", "mobilenet_v2-small", "convnext-small", "vit-small", "bert-small",
              "gpt2-small"]
 
@@ -29,12 +31,6 @@ def zoo_mains() -> dict[str, tuple[relax.Function, tuple[torch.Tensor, ...], np.
             mod = from_exported_program(torch.export.export(model, inputs))
             _zoo[name] = (mod["main"], inputs, ref.numpy())
     return _zoo
-
-
-def tensor_types(ty: tvm.ir.Type) -> list[relax.TensorType]:
-    if isinstance(ty, relax.TupleType):
-        return [t for f in ty.fields for t in tensor_types(f)]
-    return [ty]
 
 
 def empty(ty: relax.TensorType) -> tvm.runtime.Tensor:
