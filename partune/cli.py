@@ -177,11 +177,44 @@ def summarise(result, model) -> str:
             lines.append(f"| {label:<24} | {m.cost_s * 1e3:9.3f} | {m.median_s * 1e3:9.3f} | {m.cost_s / best:9.2f} |")
         else:
             lines.append(f"| {label:<24} | {'failed':>9} | {'-':>9} | {'-':>9} |  {m.error}")
+    lines.extend(_verdict_lines(result))
     lines.append("")
+    lines.append(f"candidates measured on {result.inputs_from} inputs")
     lines.append(f"search {result.search_s:.1f} s; candidates {result.candidates}; measurements made "
                  f"{result.measured} ({result.failed} failed), reused {result.reused}"
                  + ("; stopped early at --timeout" if result.timed_out else ""))
     return "\n".join(lines)
+
+
+def _verdict_lines(result) -> list[str]:
+    """The finalists against the peers (one process, interleaved rounds), said plainly."""
+    if not result.verdict:
+        return []
+    ok = {k: m for k, m in result.verdict.items() if m.ok}
+    peer = result.best_peer
+    lines = ["", "finalists vs the tools you would use instead (one process, interleaved rounds):",
+             f"| {'contender':<36} | {'median ms':>9} | {'best ms':>9} | "
+             + (f"{'vs ' + peer:<40} |" if peer else "x fastest |"),
+             "|" + "-" * 38 + "|-----------|-----------|"
+             + ("-" * 42 + "|" if peer else "-----------|")]
+    ref = result.verdict[peer].median_s if peer else min((m.median_s for m in ok.values()), default=1.0)
+    for label, m in sorted(result.verdict.items(), key=lambda kv: kv[1].median_s if kv[1].ok else float("inf")):
+        kind = "(peer) " if label in result.peers else ""
+        if m.ok:
+            ratio = ref / m.median_s if peer else m.median_s / ref
+            lines.append(f"| {kind + label:<36} | {m.median_s * 1e3:9.3f} | {m.cost_s * 1e3:9.3f} | "
+                         + (f"{ratio:>39.2f}x |" if peer else f"{ratio:9.2f} |"))
+        else:
+            lines.append(f"| {kind + label:<36} | {'failed':>9} | {'-':>9} | {m.error}")
+    notes = result.plan.notes
+    if "speedup_vs_best_peer" in notes:
+        x = notes["speedup_vs_best_peer"]
+        if x >= 1.0:
+            lines.append(f"the plan is {x:.2f}x as fast as {peer}, the best peer (medians)")
+        else:
+            lines.append(f"NO PLAN BEATS {peer}: the best plan runs at {x:.2f}x its speed; "
+                         f"{peer} alone serves this model better on this machine")
+    return lines
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -191,6 +224,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     from backends import registry
     from partune.models import load
+    from runners.peers import PEER_LABELS
     from search.errors import PartuneError
     from search.store import MeasurementStore, device_fingerprint
     from search.tune import Progress, tune
@@ -210,8 +244,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     bars = _Bars()
     runner = make_runner(args.runner, parse_duration(args.measure_timeout), args.threads)
     try:
+        peers = tuple(p for p in args.peers.split(",") if p and p != "none")
+        if unknown := [p for p in peers if p not in PEER_LABELS]:
+            raise PartuneError(f"unknown peer(s) {', '.join(unknown)}: use {', '.join(PEER_LABELS)} or none")
         result = tune(model, backends, runner, store, threads=args.threads, pins=pins,
-                      deadline=deadline, progress=Progress(bars.start_phase, bars.advance))
+                      deadline=deadline, progress=Progress(bars.start_phase, bars.advance), peers=peers)
     finally:
         bars.close()
         runner.close()
@@ -294,6 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="limit for one measurement; a hang costs that candidate (default 120s)")
     t.add_argument("--pin", action="append", metavar="SELECTOR=BACKEND",
                    help="keep nodes on a backend: a node index, a range a-b, or an op name (repeatable)")
+    t.add_argument("--peers", default="onnxruntime,torch.compile",
+                   help="the tools you would use instead, timed against the finalist plans in one "
+                        "process, interleaved: onnxruntime (your ONNX file, or a torch.onnx.export), "
+                        "torch.compile, torch; 'none' to skip (default onnxruntime,torch.compile)")
     t.add_argument("-o", "--output", default="plan.json", help="where to write the plan (default plan.json)")
     t.set_defaults(func=cmd_tune)
 

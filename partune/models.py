@@ -8,6 +8,8 @@ build for TVMScript), so any plan can be checked against it.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import warnings
 from collections.abc import Callable
@@ -154,33 +156,100 @@ def load_pt2(path: Path) -> Model:
     return _from_torch(path.stem, ep.module(), inputs, "torch eager (ExportedProgram)")
 
 
+def _read_onnx(path: Path):
+    """The model as the user gave it, external weight files included."""
+    import onnx
+
+    try:
+        proto = onnx.load(str(path), load_external_data=True)
+        onnx.checker.check_model(proto)
+    except Exception as e:
+        raise ModelError(f"cannot read ONNX model {path}: {str(e).strip().splitlines()[0][:200]}") from e
+    return proto
+
+
+def _fix_input_shapes(proto) -> dict[str, tuple[int, ...]]:
+    """Symbolic input dimensions become 1 (batch 1): the search works on static shapes."""
+    init_names = {i.name for i in proto.graph.initializer}
+    shapes = {}
+    for inp in proto.graph.input:
+        if inp.name in init_names:
+            continue
+        for d in inp.type.tensor_type.shape.dim:
+            if d.dim_value <= 0:
+                d.ClearField("dim_param")
+                d.dim_value = 1
+        shapes[inp.name] = tuple(d.dim_value for d in inp.type.tensor_type.shape.dim)
+    return shapes
+
+
+def fold_onnx_shapes(proto):
+    """Shape sub-graphs (Shape/Gather/Concat feeding Reshape) folded to constants.
+
+    Exporters compute reshape targets from ``x.size()`` (torchvision's channel shuffle,
+    most Hugging Face exports, any dynamic axis); once the inputs are static, onnxslim's
+    shape inference and constant folding turn them into constants, so Relax sees static
+    shapes. A model onnxslim cannot process is imported as it is.
+    """
+    import onnxslim
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return onnxslim.slim(proto, model_check=False)
+    except Exception:  # noqa: BLE001 - folding is an optimisation, not a requirement
+        return proto
+
+
+def _frontend_failure(e: Exception) -> str:
+    """Which ONNX node the Relax frontend failed on, read off the traceback."""
+    tb = e.__traceback__
+    node = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "_construct_nodes":
+            node = tb.tb_frame.f_locals.get("node")
+        tb = tb.tb_next
+    why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:160]
+    if node is not None:
+        return f"op {node.op_type} (node '{node.name}') failed: {why}"
+    return why
+
+
 def load_onnx(path: Path) -> Model:
     import onnx
     import onnxruntime as ort
     from tvm.relax.frontend.onnx import from_onnx
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    try:
-        data = path.read_bytes()
-        proto = onnx.load_from_string(data)
-        onnx.checker.check_model(proto)
-    except Exception as e:
-        raise ModelError(f"cannot read ONNX model {path}: {str(e).splitlines()[0][:200]}") from e
+    proto = _read_onnx(path)
+    original = proto.SerializeToString()  # the user's model, weights inlined: the peer runs this
+    shapes = _fix_input_shapes(proto)
     init_names = {i.name for i in proto.graph.initializer}
-    shapes, inputs = {}, []
+    inputs = []
     for k, inp in enumerate(i for i in proto.graph.input if i.name not in init_names):
-        tt = inp.type.tensor_type
-        shape = tuple(d.dim_value if d.dim_value > 0 else 1 for d in tt.shape.dim)
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name
-        shapes[inp.name] = shape
-        inputs.append(_random_input(shape, dtype, SEED + k))
-    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    reference = flatten_outputs(sess.run(None, {n: a for n, a in zip(shapes, inputs, strict=True)}))
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type).name
+        inputs.append(_random_input(shapes[inp.name], dtype, SEED + k))
     try:
-        mod = from_onnx(proto, shape_dict=shapes, keep_params_in_input=False)
-    except Exception as e:
-        raise ModelError(f"cannot import {path} to Relax: {str(e).splitlines()[-1][:200]}") from e
-    mod = relax.transform.DecomposeOpsForInference()(mod)
-    return Model(path.stem, normalise(mod), inputs, reference, "onnxruntime", onnx_bytes=data)
+        sess = ort.InferenceSession(original, providers=["CPUExecutionProvider"])
+        reference = flatten_outputs(sess.run(None, dict(zip(shapes, inputs, strict=True))))
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own kinds
+        raise ModelError(f"onnxruntime cannot run {path}: {str(e).strip().splitlines()[0][:200]}") from e
+    proto = fold_onnx_shapes(proto)
+    unsupported = sorted({n.op_type for n in proto.graph.node} - set(_get_convert_map()) - {"Constant", "If"})
+    if unsupported:
+        raise ModelError(f"cannot import {path} to Relax: no Relax translation for ONNX op(s) "
+                         f"{', '.join(unsupported)}")
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            mod = from_onnx(proto, shape_dict=shapes, keep_params_in_input=False)
+    except Exception as e:  # the frontend raises many kinds
+        raise ModelError(f"cannot import {path} to Relax: {_frontend_failure(e)}") from e
+    try:
+        mod = normalise(relax.transform.DecomposeOpsForInference()(mod))
+        return Model(path.stem, mod, inputs, reference, "onnxruntime", onnx_bytes=original)
+    except Exception as e:  # noqa: BLE001 - what Relax cannot type or fold is bad input here
+        raise ModelError(f"cannot import {path} to Relax: {_frontend_failure(e)}") from e
 
 
 def load_tvmscript(path: Path) -> Model:

@@ -92,18 +92,27 @@ def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltMode
 
 
 def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...],
-                   scope: SEScope, protocol: dict | None = None) -> dict:
+                   scope: SEScope, protocol: dict | None = None, values: dict | None = None) -> dict:
     """A request to measure ``nodes`` of main in isolation on ``scope``.
 
     The region is lifted into a function of its own and shipped as TVM JSON, so the
-    worker needs nothing of the model but this text.
+    worker needs nothing of the model but this text. With ``values`` (from
+    ``runners.capture``) the request carries the tensors the region reads inside the
+    model; without, the worker draws random ones.
     """
+    from runners.capture import region_inputs
+    from runners.worker import encode_array
+
     bindings = main_bindings(mod["main"])
     exits = [bindings[n].var for n in partition.region_exits(graph, set(nodes))]
-    func, _, _ = partition.lift_region([bindings[n] for n in sorted(nodes)], exits, "region", {})
-    return {"kind": "region", "backend": scope.backend, "scope": scope.to_json(),
-            "module": tvm.ir.save_json(tvm.IRModule({"region": func})), "function": "region",
-            "protocol": protocol or {}}
+    func, args, _ = partition.lift_region([bindings[n] for n in sorted(nodes)], exits, "region", {})
+    req = {"kind": "region", "backend": scope.backend, "scope": scope.to_json(),
+           "module": tvm.ir.save_json(tvm.IRModule({"region": func})), "function": "region",
+           "protocol": protocol or {}}
+    arrays = region_inputs(args, values) if values is not None else None
+    if arrays is not None:
+        req["inputs"] = [encode_array(a) for a in arrays]
+    return req
 
 
 def plan_request(module_json: str, plan: Plan, inputs: list[np.ndarray],
@@ -113,6 +122,16 @@ def plan_request(module_json: str, plan: Plan, inputs: list[np.ndarray],
 
     return {"kind": "plan", "module": module_json, "plan": plan.to_json(),
             "inputs": [encode_array(a) for a in inputs], "protocol": protocol or {}}
+
+
+def compare_request(module_json: str, plans: dict[str, Plan], peers: dict[str, dict],
+                    inputs: list[np.ndarray], rounds: int = 5) -> dict:
+    """A request to time plans and peers (``runners.peers`` specs) in one process, interleaved."""
+    from runners.worker import encode_array
+
+    contenders = {label: {"kind": "plan", "plan": p.to_json()} for label, p in plans.items()}
+    return {"kind": "compare", "module": module_json, "contenders": contenders | peers,
+            "inputs": [encode_array(a) for a in inputs], "rounds": rounds}
 
 
 def calibration_module() -> tvm.IRModule:

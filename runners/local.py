@@ -19,7 +19,6 @@ import tempfile
 import time
 
 from runners.runner import Runner
-from runners.timing import Measurement
 
 
 class LocalRunner(Runner):
@@ -78,29 +77,29 @@ class LocalRunner(Runner):
             got += len(chunk)
         return b"".join(chunks)
 
-    def run(self, request: dict) -> Measurement:
+    def exchange(self, request: dict, timeout_s: float | None = None) -> dict:
         request = dict(request, threads=self.threads)
         data = pickle.dumps(request)
+        limit = timeout_s or self.timeout_s
         try:
             proc = self._start()
-            deadline = time.monotonic() + self.timeout_s
+            deadline = time.monotonic() + limit
             assert proc.stdin is not None
             proc.stdin.write(struct.pack("<I", len(data)) + data)
             proc.stdin.flush()
             size = struct.unpack("<I", self._read(4, deadline))[0]
-            reply = pickle.loads(self._read(size, deadline))
+            return pickle.loads(self._read(size, deadline))
         except TimeoutError:
             self._kill()
-            return Measurement.failed(f"timed out after {self.timeout_s:g} s")
+            return {"error": f"timed out after {limit:g} s"}
         except (ChildProcessError, BrokenPipeError, OSError):
             if self._proc is None:
-                return Measurement.failed("worker could not start")
+                return {"error": "worker could not start"}
             code = self._proc.wait()
             tail = self._log_tail()
             self._proc = None
             why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            return Measurement.failed(f"worker crashed ({why})" + (f": {tail}" if tail else ""))
-        return Measurement(**reply["measurement"])
+            return {"error": f"worker crashed ({why})" + (f": {tail}" if tail else "")}
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

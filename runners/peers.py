@@ -76,3 +76,61 @@ def onnxruntime_session(onnx_bytes: bytes, inputs: list[np.ndarray], threads: in
     sess = ort.InferenceSession(onnx_bytes, opts, providers=["CPUExecutionProvider"])
     feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs, strict=True)}
     return lambda: sess.run(None, feed)
+
+
+# Peers travel to the measuring process as specs: what to build there, next to the plans.
+PEER_LABELS = {"onnxruntime": "onnxruntime (your model)", "torch.compile": "torch.compile (inductor)",
+               "torch": "torch eager"}
+
+
+def peer_specs(model, wanted: tuple[str, ...] = ("onnxruntime", "torch.compile")) -> dict[str, dict]:
+    """Specs of the peers a user of ``model`` would pick instead of Partune.
+
+    onnxruntime runs the user's own ONNX file when the model came as one, else a
+    ``torch.onnx.export`` of the torch module; the torch peers need the module. A peer
+    that cannot be packaged (an export that fails) is left out with its reason.
+    """
+    import base64
+
+    specs: dict[str, dict] = {}
+    tm = model.torch_module
+    if "onnxruntime" in wanted and (model.onnx_bytes is not None or tm is not None):
+        try:
+            data = model.onnx_bytes or onnx_export(tm, model.inputs)
+            specs[PEER_LABELS["onnxruntime"]] = {"kind": "onnxruntime", "onnx": base64.b64encode(data).decode()}
+        except Exception as e:  # noqa: BLE001 - the exporter raises many kinds
+            specs[PEER_LABELS["onnxruntime"]] = {"kind": "unavailable", "why": f"torch.onnx.export: {_why(e)}"}
+    for kind in ("torch.compile", "torch"):
+        if kind in wanted and tm is not None:
+            try:
+                specs[PEER_LABELS[kind]] = {"kind": kind, "module": base64.b64encode(_pickle_module(tm)).decode()}
+            except Exception as e:  # noqa: BLE001 - unpicklable modules
+                specs[PEER_LABELS[kind]] = {"kind": "unavailable", "why": f"cannot ship the module: {_why(e)}"}
+    return specs
+
+
+def make_peer(spec: dict, inputs: list[np.ndarray], threads: int) -> Runnable:
+    """Build a peer from its spec, ready to time (compilation happens here, untimed)."""
+    import base64
+
+    if spec["kind"] == "onnxruntime":
+        return onnxruntime_session(base64.b64decode(spec["onnx"]), inputs, threads)
+    if spec["kind"] in ("torch", "torch.compile"):
+        import torch
+
+        module = torch.load(io.BytesIO(base64.b64decode(spec["module"])), weights_only=False)
+        make = torch_compile if spec["kind"] == "torch.compile" else torch_eager
+        return make(module, inputs, threads)
+    raise RuntimeError(spec.get("why", f"unknown peer kind {spec['kind']}"))
+
+
+def _pickle_module(module) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(module, buf)
+    return buf.getvalue()
+
+
+def _why(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[-1][:160]

@@ -13,7 +13,6 @@ import socket
 import time
 
 from runners.runner import Runner
-from runners.timing import Measurement
 from search.errors import PartuneError
 
 MEASURE_FUNC = "partune.measure"
@@ -43,15 +42,14 @@ class RPCRunner(Runner):
         if not free and not servers:
             raise PartuneError(f"RPC tracker {tracker} has no server with key '{key}'")
 
-    def run(self, request: dict) -> Measurement:
+    def exchange(self, request: dict, timeout_s: float | None = None) -> dict:
         request = dict(request, threads=self.threads)
         try:
-            sess = self._tracker.request(self.key, priority=1, session_timeout=self.timeout_s)
-            reply = json.loads(sess.get_function(MEASURE_FUNC)(json.dumps(request)))
+            sess = self._tracker.request(self.key, priority=1, session_timeout=timeout_s or self.timeout_s)
+            return json.loads(sess.get_function(MEASURE_FUNC)(json.dumps(request)))
         except Exception as e:  # noqa: BLE001 - a crashed or timed-out session costs one request
             last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-            return Measurement.failed(f"rpc: {last[:200]}")
-        return Measurement(**reply["measurement"])
+            return {"error": f"rpc: {last[:200]}"}
 
 
 def _register_in_server() -> None:

@@ -1,8 +1,8 @@
 """The Runner interface: take a measurement request, return what was measured.
 
-A request is a JSON-able dict built by ``runners.builder`` (a region or a whole plan);
-a runner decides where it is timed: a local worker process, or a server reached
-through a TVM RPC tracker.
+A request is a JSON-able dict built by ``runners.builder`` (a region, a whole plan, or
+a comparison of plans and peers); a runner decides where it is timed: a local worker
+process, or a server reached through a TVM RPC tracker.
 """
 
 from __future__ import annotations
@@ -13,9 +13,26 @@ from runners.timing import Measurement
 
 
 class Runner(ABC):
+    timeout_s: float = 120.0
+
     @abstractmethod
+    def exchange(self, request: dict, timeout_s: float | None = None) -> dict:
+        """Send one request, return the worker's reply; ``{"error": why}`` on a crash or hang."""
+
     def run(self, request: dict) -> Measurement:
-        """Measure one request. Crashes and hangs give a failed Measurement, never raise."""
+        """Measure one region or plan. Crashes and hangs give a failed Measurement, never raise."""
+        reply = self.exchange(request)
+        if "error" in reply:
+            return Measurement.failed(reply["error"])
+        return Measurement(**reply["measurement"])
+
+    def compare(self, request: dict, timeout_s: float | None = None) -> dict[str, Measurement]:
+        """Time several contenders in one process, interleaved; a crash fails them all."""
+        reply = self.exchange(request, timeout_s)
+        if "measurements" not in reply:
+            why = reply.get("error") or Measurement(**reply["measurement"]).error
+            return {label: Measurement.failed(str(why)) for label in request["contenders"]}
+        return {label: Measurement(**m) for label, m in reply["measurements"].items()}
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release workers or sessions."""

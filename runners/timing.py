@@ -78,3 +78,27 @@ def time_callable(fn: Callable[[], object], protocol: Protocol = Protocol()) -> 
     q = statistics.quantiles(walls, n=4) if len(walls) > 1 else [walls[0]] * 3
     return Measurement(statistics.median(walls), q[2] - q[0], statistics.median(cpus),
                        protocol.repeat, number, load=os.getloadavg()[0], best_s=min(walls))
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int = 5,
+                     protocol: Protocol = Protocol(warmup_ms=20.0, repeat=3, min_repeat_ms=20.0)
+                     ) -> dict[str, Measurement]:
+    """Time several contenders in rounds, each round every contender once, in turn.
+
+    Drift of the machine (a neighbour's load, frequency changes) then touches all of
+    them alike, which is what makes their ratios fair. Per contender: the median of its
+    round medians, their IQR, and the fastest sample of any round.
+    """
+    rows: dict[str, list[Measurement]] = {label: [] for label in fns}
+    for _ in range(rounds):
+        for label, fn in fns.items():
+            rows[label].append(time_callable(fn, protocol))
+    out = {}
+    for label, ms in rows.items():
+        medians = [m.median_s for m in ms]
+        q = statistics.quantiles(medians, n=4) if len(medians) > 1 else [medians[0]] * 3
+        out[label] = Measurement(statistics.median(medians), q[2] - q[0],
+                                 statistics.median(m.cpu_s for m in ms), sum(m.repeats for m in ms),
+                                 ms[0].number, load=os.getloadavg()[0],
+                                 best_s=min(m.cost_s for m in ms))
+    return out

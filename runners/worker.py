@@ -45,7 +45,7 @@ def _protocol(req: dict) -> Protocol:
 
 
 def measure_region(req: dict) -> Measurement:
-    """Build one region for its backend and time its kernel on random inputs."""
+    """Build one region for its backend and time its kernel on the inputs sent (else random ones)."""
     import tvm
 
     from backends import registry
@@ -57,8 +57,12 @@ def measure_region(req: dict) -> Measurement:
     func = mod[req["function"]]
     scope = SEScope.from_json(req["scope"])
     kernel = registry.get(req["backend"]).build_region(func, scope, registry.threads())
-    rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(random_array(_shape(p.ty), str(p.ty.dtype), rng)) for p in func.params]
+    if "inputs" in req:  # what the region reads inside the model
+        arrays = [decode_array(a) for a in req["inputs"]]
+    else:
+        rng = np.random.default_rng(0)
+        arrays = [random_array(_shape(p.ty), str(p.ty.dtype), rng) for p in func.params]
+    args = [tvm.runtime.tensor(a) for a in arrays]
     outs = [tvm.runtime.tensor(np.empty(_shape(t), str(t.dtype))) for t in tensor_types(func.ret_ty)]
     every = args + outs
     return time_callable(lambda: kernel(*every), _protocol(req))
@@ -82,7 +86,41 @@ def measure_plan(req: dict) -> Measurement:
     return time_callable(built.prepare(inputs), _protocol(req))
 
 
-HANDLERS = {"region": measure_region, "plan": measure_plan}
+def measure_compare(req: dict) -> dict[str, Measurement]:
+    """Build plans and peers in this one process, then time them in interleaved rounds.
+
+    The fair comparison against the tools a user would pick instead: same process, same
+    inputs, same moment. A contender that cannot be built fails alone.
+    """
+    import tvm
+
+    from backends import registry
+    from runners.builder import build_plan
+    from runners.peers import make_peer
+    from runners.timing import time_interleaved
+    from search.graph import DataflowGraph
+    from search.plan import Plan
+
+    registry.set_threads(req.get("threads", 1))
+    mod = tvm.ir.load_json(req["module"])
+    graph = DataflowGraph.from_function(mod["main"])
+    inputs = [decode_array(a) for a in req["inputs"]]
+    fns, failed = {}, {}
+    for label, c in req["contenders"].items():
+        try:
+            if c["kind"] == "plan":
+                fns[label] = build_plan(Plan.from_json(c["plan"]), mod, graph).prepare(inputs)
+            else:
+                fns[label] = make_peer(c, inputs, registry.threads())
+            fns[label]()  # one call outside the clock: lazy initialisation
+        except Exception as e:  # noqa: BLE001 - one contender failing must not end the comparison
+            fns.pop(label, None)
+            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+            failed[label] = Measurement.failed(f"{type(e).__name__}: {last[:300]}")
+    return time_interleaved(fns, rounds=req.get("rounds", 5)) | failed
+
+
+HANDLERS = {"region": measure_region, "plan": measure_plan, "compare": measure_compare}
 
 
 def handle(req: dict) -> dict:
@@ -93,6 +131,8 @@ def handle(req: dict) -> dict:
         last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
         m = Measurement.failed(f"{type(e).__name__}: {last[:300]}")
         return {"measurement": m.to_json(), "trace": traceback.format_exc()[-2000:]}
+    if isinstance(m, dict):
+        return {"measurements": {label: x.to_json() for label, x in m.items()}}
     return {"measurement": m.to_json()}
 
 

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import tvm
 
-from runners.builder import calibration_module, overhead_request, plan_request, region_request
+from runners.builder import (
+    calibration_module,
+    compare_request,
+    overhead_request,
+    plan_request,
+    region_request,
+)
 from runners.runner import Runner
 from runners.timing import Measurement
 from search.candidates import Candidate, backend_plan, enumerate_candidates, region_key
@@ -31,6 +37,9 @@ from search.subgraph import SubGraph
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
 CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
 PLAN_PROTOCOL = {"warmup": 2, "warmup_ms": 100.0, "repeat": 11, "min_repeat_ms": 50.0}
+FINALISTS = 3  # plans that meet the peers in the interleaved verdict
+VERDICT_ROUNDS = 7
+VERDICT_TIMEOUT_S = 900.0  # torch.compile of a whole model inside the measuring process
 
 
 def candidate_key(graph, c: Candidate) -> str:
@@ -63,11 +72,26 @@ class TuneResult:
     search_s: float = 0.0
     timed_out: bool = False
     adjust_s: dict[str, float] = field(default_factory=dict)  # per scope: whole-model minus isolated
+    inputs_from: str = "model"  # what candidates were measured on: "model" values or "random"
+    verdict: dict[str, Measurement] = field(default_factory=dict)  # finalists and peers, interleaved
+    peers: tuple[str, ...] = ()  # which verdict labels are peers (not Partune plans)
+
+    @property
+    def best_peer(self) -> str | None:
+        ok = [p for p in self.peers if self.verdict.get(p) is not None and self.verdict[p].ok]
+        return min(ok, key=lambda p: self.verdict[p].median_s) if ok else None
 
 
 def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
          threads: int = 1, pins: dict[int, SEScope] | None = None, deadline: float | None = None,
-         progress: Progress | None = None) -> TuneResult:
+         progress: Progress | None = None, peers: tuple[str, ...] = ("onnxruntime", "torch.compile"),
+         ) -> TuneResult:
+    """Search ``model``'s partitioning over ``backends``; see the module docstring.
+
+    ``peers`` are the tools a user would pick instead (``runners.peers``): the finalist
+    plans meet them in one interleaved comparison, and the emitted plan is the fastest
+    plan of that comparison, with its standing against the best peer in its notes.
+    """
     progress = progress or Progress()
     start = time.monotonic()
     graph, mod = model.graph, model.mod
@@ -81,12 +105,13 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
             todo[keys[c]] = c
     result = TuneResult(candidates=len(cands))
     result.reused = len({keys[c] for c in cands}) - len(todo)
+    values = _capture(model, backends, result, progress) if todo else None
     progress.start_phase("measure candidates", len(todo))
     for key, c in todo.items():
         if deadline is not None and time.monotonic() > deadline:
             result.timed_out = True
             break
-        m = runner.run(region_request(mod, graph, c.subgraph.nodes, c.scope, CANDIDATE_PROTOCOL))
+        m = runner.run(region_request(mod, graph, c.subgraph.nodes, c.scope, CANDIDATE_PROTOCOL, values))
         store.put(key, m, f"{model.name} {c}")
         result.measured += 1
         result.failed += not m.ok
@@ -145,16 +170,69 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     if not ok:
         raise RuntimeError("no plan could be built and run: " +
                            "; ".join(f"{k}: {m.error}" for k, m in result.end_to_end.items()))
-    best = min(ok, key=lambda label: ok[label].cost_s)
+    finalists: dict[str, Plan] = {}
+    for label in sorted(ok, key=lambda label: ok[label].cost_s):
+        if len(finalists) < FINALISTS and all(plan_key(contenders[label]) != plan_key(p) for p in finalists.values()):
+            finalists[label] = contenders[label]
+    module_json = module_json or tvm.ir.save_json(mod)
+    _verdict(model, module_json, finalists, peers, runner, store, result, progress)
+    judged = {label: m for label, m in result.verdict.items() if label in finalists and m.ok}
+    if judged:  # the interleaved medians decide; the search's best samples break no ties here
+        best = min(judged, key=lambda label: judged[label].median_s)
+    else:
+        best = min(ok, key=lambda label: ok[label].cost_s)
     chosen = contenders[best]
     regions = tuple(r if r.cost_s is not None else Region(r.nodes, r.scope, _stored_cost(store, graph, r))
                     for r in chosen.regions)
-    result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, regions,
-                       notes={**chosen.notes, "chosen_as": best,
-                              "measured_s": ok[best].cost_s,
-                              "end_to_end_s": {k: v.cost_s for k, v in ok.items()}})
+    notes = {**chosen.notes, "chosen_as": best, "measured_s": ok[best].cost_s,
+             "end_to_end_s": {k: v.cost_s for k, v in ok.items()},
+             "verdict_median_s": {k: v.median_s for k, v in result.verdict.items() if v.ok}}
+    if (peer := result.best_peer) is not None and best in judged:
+        ratio = result.verdict[peer].median_s / judged[best].median_s
+        notes |= {"best_peer": peer, "speedup_vs_best_peer": ratio, "beats_best_peer": ratio >= 1.0}
+    result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, regions, notes=notes)
     result.search_s = time.monotonic() - start
     return result
+
+
+def _capture(model, backends: list[str], result: TuneResult, progress: Progress):
+    """The model's intermediate values, so candidates are measured on what they will see."""
+    from runners.capture import capture_values
+
+    progress.start_phase("capture the model's values", 1)
+    try:
+        values = capture_values(model.mod, model.graph, model.inputs, backends)
+    except Exception as e:  # noqa: BLE001 - random inputs are the fallback, and it is reported
+        result.inputs_from = f"random ({(str(e).strip().splitlines() or [type(e).__name__])[-1][:100]})"
+        values = None
+    progress.advance(result.inputs_from)
+    return values
+
+
+def _verdict(model, module_json: str, finalists: dict[str, Plan], peers: tuple[str, ...],
+             runner: Runner, store: MeasurementStore, result: TuneResult, progress: Progress) -> None:
+    """Finalist plans against the peers, in one process, interleaved; stored like the rest."""
+    from runners.peers import PEER_LABELS, peer_specs
+
+    wanted = tuple(p for p in peers if p in PEER_LABELS
+                   and (model.torch_module is not None or (p == "onnxruntime" and model.onnx_bytes)))
+    doc = [model.graph.fingerprint, sorted(plan_key(p) for p in finalists.values()), sorted(wanted)]
+    key = "verdict:" + hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:24] + ":"
+    labels = list(finalists) + [PEER_LABELS[p] for p in wanted]
+    progress.start_phase("plans vs peers, interleaved", 1)
+    if all(key + label in store for label in labels):
+        result.verdict = {label: store.get(key + label) for label in labels}
+        result.reused += len(labels)
+    else:
+        specs = peer_specs(model, wanted)
+        request = compare_request(module_json, finalists, specs, model.inputs, VERDICT_ROUNDS)
+        result.verdict = runner.compare(request, timeout_s=max(VERDICT_TIMEOUT_S, runner.timeout_s))
+        for label, m in result.verdict.items():
+            store.put(key + label, m, f"{model.name} verdict {label}")
+        result.measured += len(result.verdict)
+    result.peers = tuple(PEER_LABELS[p] for p in wanted)
+    best = min((m.median_s for m in result.verdict.values() if m.ok), default=float("nan"))
+    progress.advance(f"fastest median {best * 1e3:.3f} ms")
 
 
 def calibrate(runner: Runner, store: MeasurementStore, config: CompilationConfig,

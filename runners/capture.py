@@ -1,0 +1,93 @@
+"""The values a model computes inside: what an isolated region is measured on.
+
+A candidate region timed on random inputs can read out of bounds (an embedding gather
+given random ids), take a different path (masks) or fail outright. So the model is run
+once on its example inputs with every intermediate tensor returned, and each region's
+inputs are cut from those values. One run of one build: a graph-level backend that
+takes the whole model (fast to build and run), else TVM, which takes everything.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from backends import registry
+from search.graph import DataflowGraph, main_bindings
+from search.partition import lift_region
+from search.scopes import SEScope
+
+Values = dict[relax.Var, "np.ndarray | list[np.ndarray]"]
+CAPTURE_LIMIT_BYTES = 2 << 30  # beyond this, regions fall back to valid random inputs
+
+
+def _tensor_like(ty) -> bool:
+    if isinstance(ty, relax.TupleType):
+        return all(isinstance(f, relax.TensorType) for f in ty.fields)
+    return isinstance(ty, relax.TensorType)
+
+
+def _shape(ty) -> tuple[int, ...]:
+    return tuple(int(v) for v in ty.shape.values)
+
+
+def capture_values(mod: tvm.IRModule, graph: DataflowGraph, inputs: list[np.ndarray],
+                   backends: list[str]) -> Values:
+    """Every tensor (and tuple of tensors) bound in main, from one run on ``inputs``.
+
+    Keys are main's own variables (its parameters included), so a region lifted out of
+    main can look its inputs up. Raises when no backend can build the whole model.
+    """
+    func = mod["main"]
+    bindings = main_bindings(func)
+    exits = [b.var for b in bindings if _tensor_like(b.var.ty)]
+    total = sum(int(np.prod(s)) * np.dtype(d).itemsize for n in graph.nodes
+                for s, d in zip(n.shapes, n.dtypes, strict=True) if s is not None)
+    if total > CAPTURE_LIMIT_BYTES:
+        raise MemoryError(f"intermediate values take {total / 2**30:.1f} GiB")
+    whole, args, _ = lift_region(bindings, exits, "capture", {})
+    order = [b for b in backends if registry.get(b).level.value == "compiler"] + [registry.NATIVE]
+    errors = []
+    for name in order:
+        backend = registry.get(name)
+        if not all(backend.accepts(b) for b in bindings):
+            continue
+        try:
+            kernel = backend.build_region(whole, SEScope(device_type="cpu", backend=name),
+                                          registry.threads())
+        except Exception as e:  # noqa: BLE001 - try the next backend
+            errors.append(f"{name}: {(str(e).strip().splitlines() or [type(e).__name__])[-1][:120]}")
+            continue
+        by_param = dict(zip(func.params, inputs, strict=True))
+        ins = [tvm.runtime.tensor(by_param[a]) for a in args]
+        outs = [tvm.runtime.tensor(np.empty(_shape(t), str(t.dtype)))
+                for v in exits for t in (v.ty.fields if isinstance(v.ty, relax.TupleType) else [v.ty])]
+        kernel(*ins, *outs)
+        values: Values = dict(by_param)
+        k = 0
+        for v in exits:
+            if isinstance(v.ty, relax.TupleType):
+                values[v] = [o.numpy() for o in outs[k:k + len(v.ty.fields)]]
+                k += len(v.ty.fields)
+            else:
+                values[v] = outs[k].numpy()
+                k += 1
+        return values
+    raise RuntimeError("no backend could build the whole model to capture its values: " + "; ".join(errors))
+
+
+def region_inputs(args: list[relax.Expr], values: Values) -> list[np.ndarray] | None:
+    """The arrays a lifted region's parameters take in the model (None if any is unknown)."""
+    out = []
+    for a in args:
+        if isinstance(a, relax.TupleGetItem) and isinstance(a.tuple_value, relax.Var):
+            v = values.get(a.tuple_value)
+            if not isinstance(v, list):
+                return None
+            out.append(v[a.index])
+        elif isinstance(a, relax.Var) and isinstance(values.get(a), np.ndarray):
+            out.append(values[a])
+        else:
+            return None
+    return out
