@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from backends.base import Backend, BackendError, FusionStyle, Level
+from backends.onnx_idioms import fuse_idioms
 
 if TYPE_CHECKING:
     from search.scopes import SEScope
@@ -264,6 +265,10 @@ _UNARY: dict[str, str] = {
     "relax.ceil": "Ceil",
     "relax.sin": "Sin",
     "relax.cos": "Cos",
+    "relax.isnan": "IsNaN",
+    "relax.isinf": "IsInf",
+    "relax.sign": "Sign",
+    "relax.round": "Round",
 }
 _BINARY: dict[str, str] = {
     "relax.add": "Add",
@@ -807,7 +812,9 @@ def _build(g: _Graph, result: Value, ret_ty: tvm.ir.Type) -> onnx.ModelProto:
     outputs, out_types = _flatten(result), _flat_types(ret_ty)
     if len(outputs) != len(out_types):
         raise BackendError("result does not match the return type")
-    model = _make_model(g, outputs, out_types)
+    ranks = {name: len(shape) for name, (_, shape) in g.expected.items()}
+    ranks |= {i.name: len(i.type.tensor_type.shape.dim) for i in g.inputs}
+    model = fuse_idioms(_make_model(g, outputs, out_types), ranks)
     _check_types(model, g.expected)
     return model
 
