@@ -180,3 +180,29 @@ def test_tvm_region_builds_with_a_tuning_database(tmp_path, monkeypatch):
         assert registry.get("tvm").database_dir == str(tmp_path)
     finally:  # monkeypatch unsets the variable at teardown; the next instance reads no database
         registry.register("tvm", "backends.tvm_backend:TvmBackend")
+
+
+def test_finalists_meet_onnxruntime_on_the_users_file(tmp_path, capsys):
+    """The verdict: plans and the user's own ONNX file in onnxruntime, one process, interleaved."""
+    from tests.model_files import write_onnx
+
+    model = write_onnx(tmp_path / "tiny.onnx")
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    out = tmp_path / "plan.json"
+    args = ["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "onnxruntime",
+            "--storage", url, "-o", str(out)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "(peer) onnxruntime (your model)" in text
+    notes = json.loads(out.read_text())["notes"]
+    assert notes["best_peer"] == "onnxruntime (your model)"
+    assert notes["speedup_vs_best_peer"] > 0
+    assert set(notes["verdict_median_s"]) >= {"onnxruntime (your model)", notes["chosen_as"]}
+    # A second run takes the verdict from the store too.
+    assert main(args) == 0
+    assert "measurements made 0 (0 failed)" in capsys.readouterr().out
+
+
+def test_unknown_peer_is_a_clear_error(capsys, chain_file):
+    assert main(["tune", str(chain_file), "--peers", "tensorflow", "--storage", "sqlite:///:memory:"]) == 2
+    assert "unknown peer" in capsys.readouterr().err

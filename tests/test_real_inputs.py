@@ -1,0 +1,69 @@
+"""Candidates are measured on the values they see inside the model, not random ones."""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from runners.builder import region_request
+from runners.capture import capture_values
+from runners.local import LocalRunner
+from runners.worker import handle
+from search.graph import DataflowGraph
+from search.scopes import CompilationConfig
+from search.store import MeasurementStore
+from search.tune import tune
+
+
+@I.ir_module
+class Embedding:
+    """Ids computed from a float (a position or bucket index): random floats give negative ids."""
+
+    @R.function
+    def main(x: R.Tensor((1, 256), "float32"), table: R.Tensor((2, 4), "float32")):
+        with R.dataflow():
+            a = R.abs(x)  # 0
+            b = R.clip(a, R.prim_value(0), R.prim_value(1))  # 1
+            i = R.astype(b, "int64")  # 2
+            e = R.take(table, i, axis=0)  # 3
+            r = R.nn.relu(e)  # 4
+            R.output(r)
+        return r
+
+
+class _Model:
+    name = "embedding"
+    mod = Embedding
+    graph = DataflowGraph.from_function(Embedding["main"])
+    inputs = [np.linspace(-4, 12, 256, dtype="float32").reshape(1, 256),
+              np.random.default_rng(0).standard_normal((2, 4)).astype("float32")]
+    torch_module = None
+    onnx_bytes = None
+
+
+def test_capture_returns_every_intermediate_value():
+    m = _Model()
+    values = capture_values(m.mod, m.graph, m.inputs, ["onnxruntime"])
+    by_name = {v.name: a for v, a in values.items()}
+    ids = by_name["i"]
+    assert ids.dtype == np.int64 and ids.min() >= 0 and ids.max() <= 1
+    np.testing.assert_allclose(by_name["e"], m.inputs[1][ids])
+
+
+def test_random_inputs_read_out_of_bounds_real_ones_do_not():
+    m = _Model()
+    scope = CompilationConfig.for_cpu(["onnxruntime"]).scope_for("onnxruntime")
+    random = handle(region_request(m.mod, m.graph, (2, 3), scope))["measurement"]
+    assert random["error"] is not None and "out of" in random["error"]  # the failure this prevents
+    values = capture_values(m.mod, m.graph, m.inputs, ["onnxruntime"])
+    real = handle(region_request(m.mod, m.graph, (2, 3), scope, values=values))["measurement"]
+    assert real["error"] is None, real
+
+
+def test_search_over_an_embedding_gather_has_no_failed_candidate(tmp_path):
+    store = MeasurementStore(f"sqlite:///{tmp_path / 'm.db'}", "test-device")
+    with LocalRunner(timeout_s=120) as runner:
+        result = tune(_Model(), ["tvm", "torch", "onnxruntime"], runner, store, peers=())
+    assert result.inputs_from == "model"
+    assert result.measured > 10 and result.failed == 0
