@@ -15,6 +15,7 @@ _BACKENDS: dict[str, str] = {
     "tvm": "backends.tvm_backend:TvmBackend",
     "torch": "backends.torch_backend:TorchBackend",
     "onnxruntime": "backends.onnxruntime_backend:OnnxRuntimeBackend",
+    "openvino": "backends.openvino_backend:OpenVinoBackend",
 }
 NATIVE = "tvm"
 
