@@ -1,0 +1,652 @@
+"""Benchmark architectures as a user would export them to ONNX, built from code with seeded weights.
+
+Partune must import what users actually hand it: ``torch.onnx.export`` output with the batch
+(and, for transformers, the sequence) dimension marked dynamic. Such files compute shapes at
+run time (Shape -> Gather -> Unsqueeze -> Concat -> Reshape) instead of carrying constants, and
+that is the pattern the Relax importer has to cope with. torchvision/timm are unavailable (they
+break the CPU torch build), so the classic CNNs are written out here layer by layer, faithfully
+to torchvision; the transformers come from ``transformers`` config objects. Nothing is
+downloaded. Every model is seeded, in eval mode, and has BatchNorm statistics calibrated so its
+outputs are O(1) and a numerical comparison means something.
+
+Usage: ``python experiments/architectures.py [NAME ...] [--exporter legacy|dynamo] [--out DIR]``
+exports, checks onnxruntime against torch eager, and prints op histograms and latency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from partune.zoo import _sanitise  # noqa: E402  (needs the repository root on sys.path)
+
+SEED = 0
+Exporter = Literal["legacy", "dynamo"]
+# The legacy TorchScript exporter still exists in torch 2.13 (``dynamo=False``, deprecated);
+# the dynamo exporter implements opset >= 18 only and converts down when asked for less.
+DEFAULT_OPSET: dict[str, int] = {"legacy": 17, "dynamo": 18}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One benchmark model: how to build it, its ONNX I/O names and which axes are dynamic."""
+
+    name: str
+    family: str  # "cnn" or "transformer"
+    build: Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
+    description: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    # ONNX name -> {axis: symbolic dim name}; the axes a typical user marks dynamic.
+    dynamic: dict[str, dict[int, str]] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _make_divisible(v: float, divisor: int = 8) -> int:
+    """torchvision's channel rounding, so channel counts match the reference architectures."""
+    new_v = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    if new_v < 0.9 * v:
+        new_v += divisor
+    return new_v
+
+
+def _conv_bn(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1,
+             act: type[nn.Module] | None = nn.ReLU, eps: float = 1e-5) -> nn.Sequential:
+    """Conv2d(bias=False) -> BatchNorm2d -> optional activation, torchvision's Conv2dNormActivation."""
+    layers: list[nn.Module] = [
+        nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(cout, eps=eps),
+    ]
+    if act is not None:
+        layers.append(act())
+    return nn.Sequential(*layers)
+
+
+def _image(size: int = 224) -> tuple[torch.Tensor, ...]:
+    return (torch.randn((1, 3, size, size), generator=torch.Generator().manual_seed(SEED)),)
+
+
+def _finish(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[nn.Module, tuple]:
+    """Calibrate BatchNorm on random batches and switch to eval, as partune.zoo does."""
+    return _sanitise(model, inputs), inputs
+
+
+def _unit_linears(model: nn.Module) -> nn.Module:
+    """Variance-preserving Linear init (std 1/sqrt(fan_in)): torch's default shrinks each
+    classifier layer by ~sqrt(3), which leaves CNN logits around 0.05 instead of O(1)."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=m.in_features ** -0.5)
+                nn.init.zeros_(m.bias)
+    return model
+
+
+# --------------------------------------------------------------------------- MobileNetV3-Small
+
+
+class SqueezeExcitation(nn.Module):
+    """torchvision's SE block: global pool, 1x1 conv squeeze, ReLU, 1x1 excite, hardsigmoid."""
+
+    def __init__(self, channels: int, squeeze: int) -> None:
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(channels, squeeze, 1)
+        self.fc2 = nn.Conv2d(squeeze, channels, 1)
+        self.activation = nn.ReLU()
+        self.scale_activation = nn.Hardsigmoid()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(x)))))
+        return s * x
+
+
+class MobileNetV3Block(nn.Module):
+    """Inverted residual: 1x1 expand, depthwise kxk, optional SE, 1x1 project, residual."""
+
+    def __init__(self, cin: int, k: int, exp: int, cout: int, se: bool, hs: bool,
+                 stride: int) -> None:
+        super().__init__()
+        act = nn.Hardswish if hs else nn.ReLU
+        layers: list[nn.Module] = []
+        if exp != cin:
+            layers.append(_conv_bn(cin, exp, 1, act=act, eps=1e-3))
+        layers.append(_conv_bn(exp, exp, k, stride, groups=exp, act=act, eps=1e-3))
+        if se:
+            layers.append(SqueezeExcitation(exp, _make_divisible(exp // 4)))
+        layers.append(_conv_bn(exp, cout, 1, act=None, eps=1e-3))
+        self.block = nn.Sequential(*layers)
+        self.use_res = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.block(x)
+        return x + y if self.use_res else y
+
+
+class MobileNetV3Small(nn.Module):
+    """torchvision ``mobilenet_v3_small`` (width 1.0, 1000 classes), layer for layer."""
+
+    # in, kernel, expanded, out, SE, hardswish, stride
+    SETTINGS = [
+        (16, 3, 16, 16, True, False, 2), (16, 3, 72, 24, False, False, 2),
+        (24, 3, 88, 24, False, False, 1), (24, 5, 96, 40, True, True, 2),
+        (40, 5, 240, 40, True, True, 1), (40, 5, 240, 40, True, True, 1),
+        (40, 5, 120, 48, True, True, 1), (48, 5, 144, 48, True, True, 1),
+        (48, 5, 288, 96, True, True, 2), (96, 5, 576, 96, True, True, 1),
+        (96, 5, 576, 96, True, True, 1),
+    ]
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [_conv_bn(3, 16, 3, 2, act=nn.Hardswish, eps=1e-3)]
+        layers += [MobileNetV3Block(*s) for s in self.SETTINGS]
+        layers.append(_conv_bn(96, 576, 1, act=nn.Hardswish, eps=1e-3))
+        self.features = nn.Sequential(*layers)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Sequential(nn.Linear(576, 1024), nn.Hardswish(), nn.Dropout(0.2),
+                                        nn.Linear(1024, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.avgpool(self.features(x))
+        return self.classifier(torch.flatten(x, 1))
+
+
+def _mobilenet_v3_small() -> tuple[nn.Module, tuple]:
+    torch.manual_seed(SEED)
+    return _finish(_unit_linears(MobileNetV3Small()), _image())
+
+
+# --------------------------------------------------------------------------- ShuffleNetV2
+
+
+def channel_shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """Exactly torchvision's: sizes read from x.size(), so exporters emit computed shapes."""
+    batchsize, num_channels, height, width = x.size()
+    channels_per_group = num_channels // groups
+    x = x.view(batchsize, groups, channels_per_group, height, width)
+    x = torch.transpose(x, 1, 2).contiguous()
+    return x.view(batchsize, num_channels, height, width)
+
+
+class ShuffleBlock(nn.Module):
+    """ShuffleNetV2 unit: channel split (stride 1) or two strided branches, concat, shuffle."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.stride = stride
+        half = cout // 2
+        if stride > 1:
+            self.branch1 = nn.Sequential(_conv_bn(cin, cin, 3, stride, groups=cin, act=None),
+                                         _conv_bn(cin, half, 1))
+        else:
+            self.branch1 = nn.Sequential()
+        b2_in = cin if stride > 1 else half
+        self.branch2 = nn.Sequential(_conv_bn(b2_in, half, 1),
+                                     _conv_bn(half, half, 3, stride, groups=half, act=None),
+                                     _conv_bn(half, half, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride == 1:
+            x1, x2 = x.chunk(2, dim=1)
+            out = torch.cat((x1, self.branch2(x2)), dim=1)
+        else:
+            out = torch.cat((self.branch1(x), self.branch2(x)), dim=1)
+        return channel_shuffle(out, 2)
+
+
+class ShuffleNetV2(nn.Module):
+    """torchvision ``shufflenet_v2_x1_0`` (repeats 4/8/4, channels 24/116/232/464/1024)."""
+
+    def __init__(self, repeats: Sequence[int] = (4, 8, 4),
+                 channels: Sequence[int] = (24, 116, 232, 464, 1024),
+                 num_classes: int = 1000) -> None:
+        super().__init__()
+        self.conv1 = _conv_bn(3, channels[0], 3, 2)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        stages: list[nn.Module] = []
+        cin = channels[0]
+        for n, cout in zip(repeats, channels[1:4], strict=True):
+            blocks = [ShuffleBlock(cin, cout, 2)] + [ShuffleBlock(cout, cout, 1)
+                                                     for _ in range(n - 1)]
+            stages.append(nn.Sequential(*blocks))
+            cin = cout
+        self.stage2, self.stage3, self.stage4 = stages
+        self.conv5 = _conv_bn(cin, channels[4], 1)
+        self.fc = nn.Linear(channels[4], num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.conv1(x))
+        x = self.conv5(self.stage4(self.stage3(self.stage2(x))))
+        return self.fc(x.mean([2, 3]))
+
+
+def _shufflenet_v2() -> tuple[nn.Module, tuple]:
+    torch.manual_seed(SEED)
+    return _finish(_unit_linears(ShuffleNetV2()), _image())
+
+
+# --------------------------------------------------------------------------- SqueezeNet 1.1
+
+
+class Fire(nn.Module):
+    """Fire module: 1x1 squeeze, then parallel 1x1 and 3x3 expands concatenated."""
+
+    def __init__(self, cin: int, squeeze: int, e1: int, e3: int) -> None:
+        super().__init__()
+        self.squeeze = nn.Conv2d(cin, squeeze, 1)
+        self.expand1x1 = nn.Conv2d(squeeze, e1, 1)
+        self.expand3x3 = nn.Conv2d(squeeze, e3, 3, padding=1)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.squeeze(x))
+        return torch.cat([self.act(self.expand1x1(x)), self.act(self.expand3x3(x))], 1)
+
+
+class SqueezeNet11(nn.Module):
+    """torchvision ``squeezenet1_1``: no BatchNorm, ceil-mode max pools, conv classifier."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        pool = lambda: nn.MaxPool2d(3, 2, ceil_mode=True)  # noqa: E731
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 64, 3, 2), nn.ReLU(), pool(),
+            Fire(64, 16, 64, 64), Fire(128, 16, 64, 64), pool(),
+            Fire(128, 32, 128, 128), Fire(256, 32, 128, 128), pool(),
+            Fire(256, 48, 192, 192), Fire(384, 48, 192, 192),
+            Fire(384, 64, 256, 256), Fire(512, 64, 256, 256),
+        )
+        final = nn.Conv2d(512, num_classes, 1)
+        self.classifier = nn.Sequential(nn.Dropout(0.5), final, nn.ReLU(),
+                                        nn.AdaptiveAvgPool2d(1))
+        # No BatchNorm to calibrate: He init keeps ReLU activations O(1) through the depth.
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(self.classifier(self.features(x)), 1)
+
+
+def _squeezenet1_1() -> tuple[nn.Module, tuple]:
+    torch.manual_seed(SEED)
+    return _finish(SqueezeNet11(), _image())
+
+
+# --------------------------------------------------------------------------- transformers
+
+
+class _ImageLogits(nn.Module):
+    """A Hugging Face image classifier with one named positional input and a logits output."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values, return_dict=False)[0]
+
+
+class _EncoderHidden(nn.Module):
+    """An encoder taking (input_ids, attention_mask), returning the last hidden state."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                          return_dict=False)[0]
+
+
+class _DecoderHidden(nn.Module):
+    """A decoder taking input_ids only (causal mask built inside), no KV cache."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False, return_dict=False)[0]
+
+
+def _tokens(seq: int, vocab: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(SEED)
+    return torch.randint(0, vocab, (1, seq), generator=g, dtype=torch.int64)
+
+
+def _convnext_atto() -> tuple[nn.Module, tuple]:
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    torch.manual_seed(SEED)
+    cfg = ConvNextConfig(depths=[2, 2, 6, 2], hidden_sizes=[40, 80, 160, 320], num_labels=1000)
+    return _finish(_ImageLogits(ConvNextForImageClassification(cfg)), _image())
+
+
+DISTILBERT_SEQ = 128
+
+
+def _distilbert() -> tuple[nn.Module, tuple]:
+    from transformers import DistilBertConfig, DistilBertModel
+
+    torch.manual_seed(SEED)
+    cfg = DistilBertConfig(vocab_size=30522, dim=256, n_layers=2, n_heads=4, hidden_dim=1024,
+                           max_position_embeddings=512)
+    ids = _tokens(DISTILBERT_SEQ, cfg.vocab_size)
+    inputs = (ids, torch.ones_like(ids))
+    return _finish(_EncoderHidden(DistilBertModel(cfg)), inputs)
+
+
+LLAMA_SEQ = 128
+
+
+def _llama() -> tuple[nn.Module, tuple]:
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(SEED)
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=688,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                      max_position_embeddings=512, rope_theta=10000.0, use_cache=False)
+    return _finish(_DecoderHidden(LlamaModel(cfg)), (_tokens(LLAMA_SEQ, cfg.vocab_size),))
+
+
+# --------------------------------------------------------------------------- registry
+
+_CNN_IO = dict(input_names=("pixel_values",), output_names=("logits",),
+               dynamic={"pixel_values": {0: "batch"}, "logits": {0: "batch"}})
+_SEQ = {0: "batch", 1: "sequence"}
+
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
+    Architecture("mobilenet_v3_small", "cnn", _mobilenet_v3_small,
+                 "torchvision MobileNetV3-Small: hardswish/hardsigmoid, SE, depthwise convs",
+                 **_CNN_IO),
+    Architecture("shufflenet_v2", "cnn", _shufflenet_v2,
+                 "torchvision ShuffleNetV2 x1.0: channel split + view/transpose/view shuffle",
+                 **_CNN_IO),
+    Architecture("squeezenet1_1", "cnn", _squeezenet1_1,
+                 "torchvision SqueezeNet 1.1: fire modules, concat, ceil-mode pools, no BN",
+                 **_CNN_IO),
+    Architecture("convnext_atto", "cnn", _convnext_atto,
+                 "HF ConvNeXt atto (depths 2/2/6/2, widths 40/80/160/320): 7x7 dw, LN, GELU",
+                 **_CNN_IO),
+    Architecture("distilbert", "transformer", _distilbert,
+                 f"HF DistilBERT, 2 layers, hidden 256, 4 heads, seq {DISTILBERT_SEQ}, padding mask",
+                 input_names=("input_ids", "attention_mask"), output_names=("last_hidden_state",),
+                 dynamic={"input_ids": _SEQ, "attention_mask": _SEQ, "last_hidden_state": _SEQ}),
+    Architecture("llama", "transformer", _llama,
+                 f"HF Llama, 2 layers, hidden 256, 4 heads, RoPE, RMSNorm, SwiGLU, seq {LLAMA_SEQ}",
+                 input_names=("input_ids",), output_names=("last_hidden_state",),
+                 dynamic={"input_ids": _SEQ, "last_hidden_state": _SEQ}),
+]}
+
+
+def names() -> list[str]:
+    """The benchmark architecture names, in registry order."""
+    return list(ARCHITECTURES)
+
+
+def get(name_or_entry: str | Architecture) -> Architecture:
+    """The registry entry for a name (entries pass through), with the known names on a miss."""
+    if isinstance(name_or_entry, Architecture):
+        return name_or_entry
+    try:
+        return ARCHITECTURES[name_or_entry]
+    except KeyError:
+        raise KeyError(f"unknown architecture {name_or_entry!r}; known: {names()}") from None
+
+
+# --------------------------------------------------------------------------- export
+
+
+@contextlib.contextmanager
+def traceable_causal_masks() -> Iterator[None]:
+    """Let the legacy exporter trace transformers' causal masks (what users of it must do).
+
+    transformers >= 4.53 builds attention masks with ``torch.vmap``, which TorchScript tracing
+    cannot record ("Unsupported value kind: Tensor", "unordered_map::at"), and its packed-
+    sequence check uses ``torch.diff``, which has no ONNX symbolic. While the legacy exporter
+    runs, the mask builder is swapped for an equivalent broadcast one and the packed-sequence
+    check is skipped, as optimum's model patchers do; the mask is the same boolean
+    (batch, 1, q, kv) tensor for the inputs these wrappers pass.
+    """
+    try:
+        from transformers import masking_utils as mu
+    except ImportError:
+        yield
+        return
+
+    def sdpa_mask(batch_size: int, cache_position: torch.Tensor, kv_length: int,
+                  kv_offset: int = 0, mask_function: Callable = mu.causal_mask_function,
+                  attention_mask: torch.Tensor | None = None, **_: object) -> torch.Tensor:
+        # The mask functions are element-wise in (batch, head, q, kv), so evaluating them on
+        # broadcast index grids gives what the vmap over all four indices gives.
+        padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset, _slice=False)
+        if padding is not None:
+            mask_function = mu.and_masks(mask_function, mu.padding_mask_function(padding))
+        dev = cache_position.device
+        b = torch.arange(batch_size, device=dev)[:, None, None, None]
+        h = torch.arange(1, device=dev)[None, :, None, None]
+        q = cache_position[None, None, :, None]
+        kv = (torch.arange(kv_length, device=dev) + kv_offset)[None, None, None, :]
+        mask = mask_function(b, h, q, kv)
+        return mask.expand(batch_size, 1, cache_position.shape[0], kv_length)
+
+    def find_packed_sequence_indices(position_ids: torch.Tensor) -> None:
+        # Packed-sequence detection only matters for explicit position_ids in training; here
+        # they are arange(seq), so "one sequence" (None) is exact. transformers' version calls
+        # aten::diff (no ONNX symbolic) and, traced at batch 1, skips the batch expand.
+        return None
+
+    mapping = mu.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+    saved = mapping["sdpa"], mu.find_packed_sequence_indices
+    mapping["sdpa"], mu.find_packed_sequence_indices = sdpa_mask, find_packed_sequence_indices
+    try:
+        yield
+    finally:
+        mapping["sdpa"], mu.find_packed_sequence_indices = saved
+
+
+def export_module(module: nn.Module, inputs: tuple[torch.Tensor, ...],
+                  input_names: Sequence[str], output_names: Sequence[str],
+                  dynamic: dict[str, dict[int, str]] | None = None,
+                  exporter: Exporter = "legacy", opset: int | None = None) -> bytes:
+    """Export like a user does: ``torch.onnx.export`` with the given axes dynamic.
+
+    ``legacy`` is the TorchScript exporter (``dynamo=False``; deprecated but present in torch
+    2.13), whose dynamic-axes graphs compute every reshape target with Shape/Gather/Concat.
+    ``dynamo`` is the torch.export-based default of torch >= 2.9 (opset 18 native; lower
+    opsets go through the onnx version converter).
+    """
+    import onnx
+
+    opset = opset or DEFAULT_OPSET[exporter]
+    dynamic = dynamic or {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "legacy":
+            buf = io.BytesIO()
+            with traceable_causal_masks():
+                torch.onnx.export(module, inputs, buf, dynamo=False,
+                                  input_names=list(input_names),
+                                  output_names=list(output_names), opset_version=opset,
+                                  dynamic_axes=dynamic or None)
+            proto = onnx.load_from_string(buf.getvalue())
+        elif exporter == "dynamo":
+            # torch.export specialises a dynamic dim whose example size is 1 as soon as the
+            # model branches on it (transformers does, e.g. `batch_size != position_ids.shape[0]`),
+            # so trace with size 2 there, as the torch.export docs advise.
+            traced = tuple(_at_least_2(x, dynamic.get(n, {})) for n, x in
+                           zip(input_names, inputs, strict=True))
+            shapes = tuple({ax: torch.export.Dim.DYNAMIC for ax in dynamic.get(n, {})} or None
+                           for n in input_names)
+            prog = torch.onnx.export(module, traced, None, dynamo=True,
+                                     input_names=list(input_names),
+                                     output_names=list(output_names), opset_version=opset,
+                                     dynamic_shapes=shapes if dynamic else None, verbose=False)
+            proto = prog.model_proto
+        else:
+            raise ValueError(f"exporter must be 'legacy' or 'dynamo', not {exporter!r}")
+    _name_dims(proto, inputs, input_names, dynamic)
+    onnx.checker.check_model(proto)
+    return proto.SerializeToString()
+
+
+def _at_least_2(x: torch.Tensor, axes: dict[int, str]) -> torch.Tensor:
+    """x repeated to size 2 along each dynamic axis where it has size 1 (tracing only)."""
+    for ax in axes:
+        if x.shape[ax] == 1:
+            x = torch.cat([x, x], dim=ax)
+    return x
+
+
+def _name_dims(proto, inputs: tuple[torch.Tensor, ...], input_names: Sequence[str],
+               dynamic: dict[str, dict[int, str]]) -> None:
+    """Graph I/O: our symbolic names on dynamic axes, example sizes elsewhere; example shapes
+    also go into metadata, since a loader cannot guess a sensible sequence length from "seq"."""
+    for vi in [*proto.graph.input, *proto.graph.output]:
+        axes = dynamic.get(vi.name, {})
+        for i, d in enumerate(vi.type.tensor_type.shape.dim):
+            if i in axes and not d.HasField("dim_value"):  # never relabel a specialised dim
+                d.dim_param = axes[i]
+    shapes = {n: list(x.shape) for n, x in zip(input_names, inputs, strict=True)}
+    for key, value in (("example_input_shapes", json.dumps(shapes)),):
+        entry = next((p for p in proto.metadata_props if p.key == key), None)
+        entry = entry or proto.metadata_props.add()
+        entry.key, entry.value = key, value
+
+
+def export_onnx(name_or_entry: str | Architecture, path: str | Path | None = None,
+                exporter: Exporter = "legacy", opset: int | None = None,
+                dynamic: bool = True) -> bytes:
+    """Build a benchmark architecture and export it; also write it to ``path`` if given."""
+    arch = get(name_or_entry)
+    module, inputs = arch.build()
+    data = export_module(module, inputs, arch.input_names, arch.output_names,
+                         arch.dynamic if dynamic else None, exporter, opset)
+    if path is not None:
+        Path(path).write_bytes(data)
+    return data
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def op_histogram(data: bytes) -> dict[str, int]:
+    """ONNX op counts, most frequent first (Shape/Gather/Concat/Reshape show computed shapes)."""
+    import collections
+
+    import onnx
+
+    counts = collections.Counter(n.op_type for n in onnx.load_from_string(data).graph.node)
+    return dict(counts.most_common())
+
+
+def ort_session(data: bytes, threads: int = 1):
+    """An onnxruntime CPU session pinned to ``threads`` threads (the benchmark setting)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+
+
+def check_against_torch(module: nn.Module, inputs: tuple[torch.Tensor, ...], data: bytes,
+                        input_names: Sequence[str]) -> tuple[float, float]:
+    """(max abs diff, max abs torch output) between onnxruntime and torch eager."""
+    with torch.no_grad():
+        ref = module(*inputs)
+    ref_np = ref.detach().numpy()
+    sess = ort_session(data)
+    out = sess.run(None, {n: x.numpy() for n, x in zip(input_names, inputs, strict=True)})[0]
+    return float(abs(out - ref_np).max()), float(abs(ref_np).max())
+
+
+def vary_dynamic(inputs: tuple[torch.Tensor, ...], input_names: Sequence[str],
+                 dynamic: dict[str, dict[int, str]]) -> tuple[torch.Tensor, ...]:
+    """Other sizes on the dynamic axes (batch 2, half the sequence), to show they really are
+    dynamic in the file and not baked in by tracing."""
+    out = []
+    for name, x in zip(input_names, inputs, strict=True):
+        axes = dynamic.get(name, {})
+        if 0 in axes:
+            x = torch.cat([x, x.flip(-1)], 0)
+        if 1 in axes and axes[1] != "batch":
+            x = x[:, : max(1, x.shape[1] // 2)]
+        out.append(x.contiguous())
+    return tuple(out)
+
+
+def ort_latency_ms(data: bytes, feeds: dict, repeats: int = 30) -> float:
+    """Median single-thread onnxruntime latency in milliseconds, after warm-up."""
+    import statistics
+    import time
+
+    sess = ort_session(data)
+    for _ in range(3):
+        sess.run(None, feeds)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Export each architecture, compare onnxruntime with torch, print ops and latency."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", default=names())
+    ap.add_argument("--exporter", choices=["legacy", "dynamo"], default="legacy")
+    ap.add_argument("--out", type=Path, default=None, help="directory for the .onnx files")
+    ap.add_argument("--static", action="store_true", help="export without dynamic axes")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    bad = 0
+    for name in args.names:
+        arch = get(name)
+        module, inputs = arch.build()
+        data = export_module(module, inputs, arch.input_names, arch.output_names,
+                             None if args.static else arch.dynamic, args.exporter)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"{name}.onnx").write_bytes(data)
+        diff, scale = check_against_torch(module, inputs, data, arch.input_names)
+        ok = diff <= 1e-4 * max(1.0, scale)
+        if not args.static:
+            other = vary_dynamic(inputs, arch.input_names, arch.dynamic)
+            d2, s2 = check_against_torch(module, other, data, arch.input_names)
+            ok = ok and d2 <= 1e-4 * max(1.0, s2)
+            diff = max(diff, d2)
+        bad += not ok
+        feeds = {n: x.numpy() for n, x in zip(arch.input_names, inputs, strict=True)}
+        ms = ort_latency_ms(data, feeds)
+        hist = op_histogram(data)
+        shape_ops = {k: hist.get(k, 0) for k in ("Shape", "Gather", "Unsqueeze", "Concat",
+                                                 "Reshape")}
+        print(f"{name}: {'ok' if ok else 'MISMATCH'} max|diff|={diff:.2e} max|ref|={scale:.3g} "
+              f"ort1t={ms:.2f} ms nodes={sum(hist.values())} {len(data) / 1e6:.1f} MB")
+        print(f"  shape ops: {shape_ops}")
+        print(f"  ops: {hist}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
