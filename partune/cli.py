@@ -23,6 +23,32 @@ def _setup_threads(threads: int) -> None:
     registry.set_threads(threads)
 
 
+def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """--input-shape NAME=D1,D2,... (repeatable)."""
+    from search.errors import PartuneError
+
+    shapes = {}
+    for spec in specs or []:
+        name, _, dims = spec.partition("=")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.replace("x", ",").split(","))
+        except ValueError:
+            raise PartuneError(f"bad --input-shape '{spec}': expected NAME=D1,D2,... e.g. input_ids=1,128") from None
+        if not name or any(d < 1 for d in shapes[name]):
+            raise PartuneError(f"bad --input-shape '{spec}': expected NAME=D1,D2,... with positive sizes")
+    return shapes
+
+
+def load_model(args: argparse.Namespace):
+    """The model named on the command line; dimensions it left open are reported."""
+    from partune.models import load
+
+    model = load(args.model, parse_input_shapes(args.input_shape))
+    for note in model.assumed:
+        print(f"partune: note: {note} (set it with --input-shape)", file=sys.stderr)
+    return model
+
+
 def _backend_plan(model, backend: str, threads: int):
     from search.candidates import backend_plan
     from search.scopes import CompilationConfig
@@ -33,12 +59,11 @@ def _backend_plan(model, backend: str, threads: int):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from partune.bench import max_abs_error
-    from partune.models import load
     from runners.builder import build_plan
     from runners.timing import time_callable
     from search.plan import Plan
 
-    model = load(args.model)
+    model = load_model(args)
     plan = Plan.load(args.plan) if args.plan else _backend_plan(model, args.backend, args.threads)
     built = build_plan(plan, model.mod, model.graph)
     err = max_abs_error(built(model.inputs), model.reference)
@@ -59,9 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from partune.bench import bench, format_table
-    from partune.models import load
 
-    model = load(args.model)
+    model = load_model(args)
     backends = args.backends.split(",") if args.backends else None
     peers = args.peers.split(",") if args.peers else None
     rows = bench(model, backends, peers, args.threads, progress=True)
@@ -223,7 +247,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import optuna
 
     from backends import registry
-    from partune.models import load
     from runners.peers import PEER_LABELS
     from search.errors import PartuneError
     from search.store import MeasurementStore, device_fingerprint
@@ -233,7 +256,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for b in backends:
         registry.get(b)
     deadline = time.monotonic() + parse_duration(args.timeout) if args.timeout else None
-    model = load(args.model)
+    model = load_model(args)
     pins = dict(model.pins)
     for node, scope in parse_pins(args.pin, model).items():
         joined = pins[node].join(scope) if node in pins else scope
@@ -294,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
                "(torch ExportedProgram) or TVMScript (.py/.tvmscript/.relax) file.")
     p.add_argument("--threads", type=int, default=1,
                    help="threads for every backend and peer (default 1: the stable setting on small machines)")
+    p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                   help="static shape for an ONNX input whose dimensions are symbolic, e.g. "
+                        "input_ids=1,128 (repeatable; open dimensions default to 1)")
     p.add_argument("--tvm-database", metavar="DIR",
                    help="a MetaSchedule JSON database: the tvm backend applies its tuned schedules")
     sub = p.add_subparsers(dest="command", required=True)
@@ -319,8 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "cover by DP, check it end to end against every single-backend plan, and "
                        "write the fastest plan. Interrupt and rerun to resume.")
     t.add_argument("model", metavar="MODEL")
-    t.add_argument("--backends", default="tvm,torch,onnxruntime",
-                   help="comma-separated backends on offer (default tvm,torch,onnxruntime)")
+    t.add_argument("--backends", default="tvm,torch,onnxruntime,openvino",
+                   help="comma-separated backends on offer (default tvm,torch,onnxruntime,openvino)")
     t.add_argument("--storage", default="sqlite:///partune.db",
                    help="Optuna storage URL for measurements (default sqlite:///partune.db; "
                         "postgresql://... for many workers)")

@@ -41,6 +41,7 @@ class Model:
     torch_module: object | None = None  # for the torch peers in `partune bench`
     onnx_bytes: bytes | None = None  # for the onnxruntime peer, when the model came as ONNX
     hints: dict[str, SEScope] = field(default_factory=dict)  # var name -> R.hint_on_device scope
+    assumed: list[str] = field(default_factory=list)  # input dimensions the file left open
     graph: DataflowGraph = field(init=False)
 
     def __post_init__(self) -> None:
@@ -168,18 +169,41 @@ def _read_onnx(path: Path):
     return proto
 
 
-def _fix_input_shapes(proto) -> dict[str, tuple[int, ...]]:
-    """Symbolic input dimensions become 1 (batch 1): the search works on static shapes."""
+def _fix_input_shapes(proto, given: dict[str, tuple[int, ...]], assumed: list[str]) -> dict[str, tuple[int, ...]]:
+    """Static input shapes: the search works on them. ``given`` wins; other symbolic dims become 1.
+
+    Every dimension assumed to be 1 is described in ``assumed``, so the user learns that
+    a sequence length came out as 1 and how to set it.
+    """
     init_names = {i.name for i in proto.graph.initializer}
+    inputs = [i for i in proto.graph.input if i.name not in init_names]
+    if unknown := set(given) - {i.name for i in inputs}:
+        raise ModelError(f"--input-shape names no input of the model: {', '.join(sorted(unknown))} "
+                         f"(inputs: {', '.join(i.name for i in inputs)})")
+    # A named dimension set on one input (sequence=128) holds for every input that names it.
+    named = {d.dim_param: w for i in inputs if i.name in given
+             for d, w in zip(i.type.tensor_type.shape.dim, given[i.name], strict=False) if d.dim_param}
     shapes = {}
-    for inp in proto.graph.input:
-        if inp.name in init_names:
-            continue
-        for d in inp.type.tensor_type.shape.dim:
-            if d.dim_value <= 0:
+    for inp in inputs:
+        dims = inp.type.tensor_type.shape.dim
+        if inp.name not in given and all(d.dim_value > 0 or d.dim_param in named for d in dims):
+            given = given | {inp.name: tuple(d.dim_value if d.dim_value > 0 else named[d.dim_param] for d in dims)}
+        if inp.name in given:
+            want = given[inp.name]
+            fixed = [d.dim_value for d in dims]
+            if len(want) != len(dims) or any(f > 0 and f != w for f, w in zip(fixed, want, strict=True)):
+                raise ModelError(f"--input-shape {inp.name}={','.join(map(str, want))} does not fit "
+                                 f"its declared shape {[d.dim_value or d.dim_param or '?' for d in dims]}")
+            for d, w in zip(dims, want, strict=True):
                 d.ClearField("dim_param")
-                d.dim_value = 1
-        shapes[inp.name] = tuple(d.dim_value for d in inp.type.tensor_type.shape.dim)
+                d.dim_value = w
+        elif symbolic := [d.dim_param or "?" for d in dims if d.dim_value <= 0]:
+            assumed.append(f"{inp.name}: {', '.join(symbolic)} taken as 1")
+            for d in dims:
+                if d.dim_value <= 0:
+                    d.ClearField("dim_param")
+                    d.dim_value = 1
+        shapes[inp.name] = tuple(d.dim_value for d in dims)
     return shapes
 
 
@@ -215,7 +239,7 @@ def _frontend_failure(e: Exception) -> str:
     return why
 
 
-def load_onnx(path: Path) -> Model:
+def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Model:
     import onnx
     import onnxruntime as ort
     from tvm.relax.frontend.onnx import from_onnx
@@ -223,7 +247,8 @@ def load_onnx(path: Path) -> Model:
 
     proto = _read_onnx(path)
     original = proto.SerializeToString()  # the user's model, weights inlined: the peer runs this
-    shapes = _fix_input_shapes(proto)
+    assumed: list[str] = []
+    shapes = _fix_input_shapes(proto, input_shapes or {}, assumed)
     init_names = {i.name for i in proto.graph.initializer}
     inputs = []
     for k, inp in enumerate(i for i in proto.graph.input if i.name not in init_names):
@@ -247,7 +272,7 @@ def load_onnx(path: Path) -> Model:
         raise ModelError(f"cannot import {path} to Relax: {_frontend_failure(e)}") from e
     try:
         mod = normalise(relax.transform.DecomposeOpsForInference()(mod))
-        return Model(path.stem, mod, inputs, reference, "onnxruntime", onnx_bytes=original)
+        return Model(path.stem, mod, inputs, reference, "onnxruntime", onnx_bytes=original, assumed=assumed)
     except Exception as e:  # noqa: BLE001 - what Relax cannot type or fold is bad input here
         raise ModelError(f"cannot import {path} to Relax: {_frontend_failure(e)}") from e
 
@@ -293,9 +318,17 @@ LOADERS: dict[str, Callable[[Path], Model]] = {
 }
 
 
-def load(spec: str) -> Model:
-    """A zoo name or a path to an .onnx, .pt2 or TVMScript (.py/.tvmscript/.relax) file."""
+def load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Model:
+    """A zoo name or a path to an .onnx, .pt2 or TVMScript (.py/.tvmscript/.relax) file.
+
+    ``input_shapes`` fixes an ONNX model's symbolic input dimensions (batch, sequence);
+    the other formats carry static shapes of their own.
+    """
     path = Path(spec)
+    if input_shapes and path.suffix != ".onnx":
+        raise ModelError("--input-shape applies to ONNX models only (other formats have static shapes)")
+    if path.suffix == ".onnx" and path.is_file():
+        return load_onnx(path, input_shapes)
     if path.suffix in LOADERS:
         if not path.is_file():
             raise ModelError(f"model file {spec} does not exist")
