@@ -12,6 +12,7 @@ import sys
 import warnings
 
 EXIT_USAGE = 2
+NOISE = 0.03  # ratios closer to 1 than this are ties: run-to-run noise of interleaved medians
 
 
 def _setup_threads(threads: int) -> None:
@@ -176,12 +177,14 @@ def summarise(result, model) -> str:
     plan = result.plan
     lines = [f"plan for {model.name}: {plan.notes.get('chosen_as')}, "
              f"{plan.notes['measured_s'] * 1e3:.3f} ms measured end to end"]
-    if result.cover is not None:
-        measured = result.end_to_end.get("partune dp")
-        est = result.cover.cost_s * 1e3
+    if result.dp_label is not None and result.dp_estimate_s is not None:
+        measured = result.end_to_end.get(result.dp_label)
+        est = result.dp_estimate_s * 1e3
+        err = (f" ({result.dp_estimate_s / measured.cost_s - 1:+.0%})" if measured and measured.ok else "")
         lines.append(f"DP estimate {est:.3f} ms vs measured "
-                     + (f"{measured.cost_s * 1e3:.3f} ms" if measured and measured.ok else "n/a")
-                     + f" ({result.cover.states} DP states)")
+                     + (f"{measured.cost_s * 1e3:.3f} ms{err}" if measured and measured.ok else "n/a")
+                     + f" for '{result.dp_label}' ({result.cover.states} DP states)")
+        lines.append(f"border costs learned from the plans measured: {result.border.describe()}")
     if result.adjust_s:
         adj = ", ".join(f"{k} {v * 1e6:+.1f} us" for k, v in result.adjust_s.items())
         lines.append(f"per-region cost in a whole model vs isolated: {adj}")
@@ -233,8 +236,11 @@ def _verdict_lines(result) -> list[str]:
     notes = result.plan.notes
     if "speedup_vs_best_peer" in notes:
         x = notes["speedup_vs_best_peer"]
-        if x >= 1.0:
+        if x >= 1.0 + NOISE:
             lines.append(f"the plan is {x:.2f}x as fast as {peer}, the best peer (medians)")
+        elif x >= 1.0 - NOISE:
+            lines.append(f"the plan ties {peer}, the best peer ({x:.2f}x: within {NOISE:.0%}, "
+                         "the noise of such measurements)")
         else:
             lines.append(f"NO PLAN BEATS {peer}: the best plan runs at {x:.2f}x its speed; "
                          f"{peer} alone serves this model better on this machine")

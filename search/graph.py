@@ -94,6 +94,8 @@ class Node:
     bytes: int
     attrs: str  # op attributes as text: part of the fingerprint
     args: tuple[str, ...] = ()  # what each argument is: a node, a param or a constant, and its type
+    out_bytes: int = 0  # what the node's result occupies: what crosses a border after it
+    const_bytes: int = 0  # weights it reads (constants bound into the model)
 
 
 def _op_name(value: relax.Expr) -> str:
@@ -246,7 +248,9 @@ class DataflowGraph:
                 dtypes=tuple(str(t.dtype) for t in out_types),
                 flops=_flops(op, value, in_types, out_types),
                 bytes=sum(_nbytes(t) for t in in_types) + sum(_nbytes(t) for t in out_types),
-                attrs=attrs, args=arg_desc,
+                attrs=attrs, args=arg_desc, out_bytes=sum(_nbytes(t) for t in out_types),
+                const_bytes=sum(_nbytes(t) for a in args if isinstance(a, tvm.ir.Constant)
+                                for t in tensor_types(a.ty)),
             ))
             index[binding.var] = i
         result = func.body.body if isinstance(func.body, relax.SeqExpr) else func.body

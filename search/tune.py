@@ -26,6 +26,7 @@ from runners.builder import (
 )
 from runners.runner import Runner
 from runners.timing import Measurement
+from search.borders import BorderModel, Equation, fit, region_features
 from search.candidates import Candidate, backend_plan, enumerate_candidates, region_key
 from search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from search.graph import DataflowGraph
@@ -37,6 +38,7 @@ from search.subgraph import SubGraph
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
 CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
 PLAN_PROTOCOL = {"warmup": 2, "warmup_ms": 100.0, "repeat": 11, "min_repeat_ms": 50.0}
+BORDER_ROUNDS = 3  # DP proposals refined by learned border costs, each measured end to end
 FINALISTS = 3  # plans that meet the peers in the interleaved verdict
 VERDICT_ROUNDS = 7
 VERDICT_TIMEOUT_S = 900.0  # torch.compile of a whole model inside the measuring process
@@ -72,6 +74,9 @@ class TuneResult:
     search_s: float = 0.0
     timed_out: bool = False
     adjust_s: dict[str, float] = field(default_factory=dict)  # per scope: whole-model minus isolated
+    border: BorderModel = field(default_factory=BorderModel)  # learned from the plans measured
+    dp_label: str | None = None  # the DP's final plan (after border refinement) among end_to_end
+    dp_estimate_s: float | None = None  # its cost predicted before it was measured
     inputs_from: str = "model"  # what candidates were measured on: "model" values or "random"
     verdict: dict[str, Measurement] = field(default_factory=dict)  # finalists and peers, interleaved
     peers: tuple[str, ...] = ()  # which verdict labels are peers (not Partune plans)
@@ -127,10 +132,16 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         return max(m.cost_s + adjust.get(c.scope, 0.0), 0.0)
 
     contenders: dict[str, Plan] = {}
+    features = {c: region_features(graph, c.subgraph.nodes) for c in cands}
 
-    def dp_plan(allowed: set[str]) -> tuple[Cover, Plan] | None:
+    def dp_plan(allowed: set[str], border: BorderModel | None = None) -> tuple[Cover, Plan] | None:
+        border = border or BorderModel()
+
+        def priced(c: Candidate) -> float:
+            return cost(c) + border.extra_s(features[c])
+
         try:
-            cover = cheapest_cover(graph, [c for c in cands if c.backend in allowed], cost)
+            cover = cheapest_cover(graph, [c for c in cands if c.backend in allowed], priced)
         except NoCoverError:
             return None
         regions = tuple(Region(c.subgraph.nodes, c.scope, cost(c)) for c in cover.candidates)
@@ -151,13 +162,12 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
                     contenders[f"partune dp ({native.backend}+{b})"] = alt[1]
     for b in backends:
         contenders[f"{b}-only"] = backend_plan(model.name, mod, graph, config, b)
-    module_json = None
-    progress.start_phase("measure plans end to end", len(contenders))
-    for label, plan in contenders.items():
+    module_json = tvm.ir.save_json(mod)
+
+    def end_to_end(label: str, plan: Plan) -> Measurement:
         key = plan_key(plan)
         m = store.get(key)
         if m is None:
-            module_json = module_json or tvm.ir.save_json(mod)
             m = runner.run(plan_request(module_json, plan, model.inputs, PLAN_PROTOCOL))
             store.put(key, m, f"{model.name} {label}")
             result.measured += 1
@@ -166,6 +176,45 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
             result.reused += 1
         result.end_to_end[label] = m
         progress.advance(f"{label}: " + (f"{m.cost_s * 1e3:.3f} ms" if m.ok else "failed"))
+        return m
+
+    progress.start_phase("measure plans end to end", len(contenders) + BORDER_ROUNDS)
+    for label, plan in contenders.items():
+        end_to_end(label, plan)
+
+    # Border costs learned from the plans just measured; the DP proposes again with them.
+    def equation(plan: Plan, m: Measurement) -> Equation | None:
+        costs = [_stored_cost(store, graph, r) for r in plan.regions]
+        if not m.ok or any(c is None for c in costs):
+            return None
+        isolated = sum(c + adjust.get(r.scope, 0.0) for c, r in zip(costs, plan.regions, strict=True))
+        feats = sum(region_features(graph, r.nodes) for r in plan.regions)
+        return Equation(feats, m.cost_s - isolated)
+
+    equations = {label: e for label, p in contenders.items()
+                 if (e := equation(p, result.end_to_end[label])) is not None}
+    dp_label = "partune dp" if found is not None else None
+    for k in range(BORDER_ROUNDS):
+        result.border = fit(list(equations.values()))
+        refined = dp_plan(set(backends), result.border)
+        if refined is None:
+            break
+        known = next((label for label, p in contenders.items() if plan_key(p) == plan_key(refined[1])), None)
+        if known is not None:
+            dp_label, result.cover, result.dp_plan = known, refined[0], contenders[known]
+            break
+        dp_label = f"partune dp+borders{'' if k == 0 else f' {k + 1}'}"
+        contenders[dp_label] = refined[1]
+        result.cover, result.dp_plan = refined
+        m = end_to_end(dp_label, refined[1])
+        if (e := equation(refined[1], m)) is not None:
+            equations[dp_label] = e
+    # The DP's estimate of its plan, with borders fitted on the other plans only: a prediction.
+    if dp_label is not None and result.dp_plan is not None:
+        held_out = fit([e for label, e in equations.items() if label != dp_label])
+        isolated = sum(r.cost_s or 0.0 for r in result.dp_plan.regions)
+        feats = sum(region_features(graph, r.nodes) for r in result.dp_plan.regions)
+        result.dp_label, result.dp_estimate_s = dp_label, isolated + held_out.extra_s(feats)
     ok = {label: m for label, m in result.end_to_end.items() if m.ok}
     if not ok:
         raise RuntimeError("no plan could be built and run: " +
@@ -174,7 +223,6 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     for label in sorted(ok, key=lambda label: ok[label].cost_s):
         if len(finalists) < FINALISTS and all(plan_key(contenders[label]) != plan_key(p) for p in finalists.values()):
             finalists[label] = contenders[label]
-    module_json = module_json or tvm.ir.save_json(mod)
     _verdict(model, module_json, finalists, peers, runner, store, result, progress)
     judged = {label: m for label, m in result.verdict.items() if label in finalists and m.ok}
     if judged:  # the interleaved medians decide; the search's best samples break no ties here
@@ -186,7 +234,11 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
                     for r in chosen.regions)
     notes = {**chosen.notes, "chosen_as": best, "measured_s": ok[best].cost_s,
              "end_to_end_s": {k: v.cost_s for k, v in ok.items()},
-             "verdict_median_s": {k: v.median_s for k, v in result.verdict.items() if v.ok}}
+             "verdict_median_s": {k: v.median_s for k, v in result.verdict.items() if v.ok},
+             "peers": list(result.peers)}
+    if result.dp_label is not None:
+        notes |= {"dp_label": result.dp_label, "dp_estimate_s": result.dp_estimate_s,
+                  "border_model": result.border.describe()}
     if (peer := result.best_peer) is not None and best in judged:
         ratio = result.verdict[peer].median_s / judged[best].median_s
         notes |= {"best_peer": peer, "speedup_vs_best_peer": ratio, "beats_best_peer": ratio >= 1.0}

@@ -82,6 +82,7 @@ def test_bench_prints_a_ratio_table(capsys, tmp_path):
     rows = [ln for ln in out.splitlines() if ln.startswith("| ") and "contender" not in ln]
     names = {ln.split("|")[1].strip() for ln in rows}
     assert names == {"partune tvm-only plan", "partune torch-only plan", "partune onnxruntime-only plan",
+                     "partune openvino-only plan",
                      "onnxruntime (whole model)"}
     ratios = [float(ln.split("|")[-2]) for ln in rows]
     assert min(ratios) == 1.0 and all(r >= 1.0 for r in ratios)

@@ -198,6 +198,7 @@ def test_finalists_meet_onnxruntime_on_the_users_file(tmp_path, capsys):
     assert notes["best_peer"] == "onnxruntime (your model)"
     assert notes["speedup_vs_best_peer"] > 0
     assert set(notes["verdict_median_s"]) >= {"onnxruntime (your model)", notes["chosen_as"]}
+    assert notes["dp_estimate_s"] > 0 and "DP estimate" in text  # predicted before it was measured
     # A second run takes the verdict from the store too.
     assert main(args) == 0
     assert "measurements made 0 (0 failed)" in capsys.readouterr().out

@@ -1,0 +1,125 @@
+"""Partune's emitted plan against the tools a user would pick instead, per model.
+
+For each model (the zoo, and ONNX exports of architectures the zoo does not hold, built
+in experiments/architectures.py and exported as a user would), run ``partune tune``
+exactly as a user does, then read what its interleaved verdict measured: the emitted
+plan against onnxruntime on the model as given (the user's ONNX file, or a
+``torch.onnx.export`` of a zoo model) and torch.compile where a torch module exists.
+Writes experiments/results/vs_peers.md: per model the plan, each peer, the ratio to the
+best peer, the DP's estimate error, and the geometric mean.
+
+    python experiments/bench_vs_peers.py [MODEL ...] [--backends ...] [--timeout 15m]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ZOO = ["bert-small", "resnet50-small", "mobilenet_v2-small", "convnext-small", "vit-small", "gpt2-small"]
+EXPORTS = ["mobilenet_v3_small", "shufflenet_v2", "squeezenet1_1", "convnext_atto", "distilbert", "llama"]
+RESULTS = ROOT / "experiments" / "results"
+
+
+def _export(name: str, folder: Path) -> tuple[str, list[str]]:
+    """The architecture as an ONNX file (legacy exporter, dynamic axes) and its --input-shape flags."""
+    from experiments.architectures import export_onnx, get
+
+    arch = get(name)
+    path = folder / f"{name}.onnx"
+    export_onnx(arch, path)
+    _, inputs = arch.build()
+    flags = []
+    for input_name, tensor in zip(arch.input_names, inputs, strict=True):
+        flags += ["--input-shape", f"{input_name}={','.join(str(d) for d in tensor.shape)}"]
+    return str(path), flags
+
+
+def tune_one(spec: str, flags: list[str], args, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "partune.cli", "--threads", "1", *flags, "tune", spec,
+           "--backends", args.backends, "--storage", args.storage, "--timeout", args.timeout, "-o", str(out)]
+    start = time.monotonic()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    row = {"model": Path(spec).stem if spec.endswith(".onnx") else spec, "wall_s": time.monotonic() - start}
+    if done.returncode != 0:
+        row["error"] = (done.stderr.strip().splitlines() or ["?"])[-1][:200]
+        return row
+    notes = json.loads(out.read_text())["notes"]
+    stats = re.search(r"search ([\d.]+) s; candidates (\d+); measurements made (\d+)", done.stdout)
+    row |= {"chosen_as": notes["chosen_as"], "verdict": notes.get("verdict_median_s", {}),
+            "best_peer": notes.get("best_peer"), "peers": notes.get("peers", []), "speedup": notes.get("speedup_vs_best_peer"),
+            "dp_estimate_s": notes.get("dp_estimate_s"),
+            "dp_measured_s": notes.get("end_to_end_s", {}).get("partune dp"),
+            "backends": sorted({r["scope"]["backend"] for r in json.loads(out.read_text())["regions"]}),
+            "search_s": float(stats.group(1)) if stats else None,
+            "measurements": int(stats.group(3)) if stats else None}
+    (RESULTS / "vs_peers").mkdir(parents=True, exist_ok=True)
+    (RESULTS / "vs_peers" / f"{row['model']}.txt").write_text(done.stdout)
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    peers = sorted({p for r in rows for p in r.get("peers", [])})
+    head = ["model", "emitted plan", "backends", "plan ms", *[f"{p} ms" for p in peers], "x best peer",
+            "DP est. error", "search s", "measurements"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | failed: {r['error']} |" + " |" * (len(head) - 2))
+            continue
+        v = r["verdict"]
+        plan_ms = v.get(r["chosen_as"], float("nan")) * 1e3
+        cells = [r["model"], r["chosen_as"], "+".join(r["backends"]), f"{plan_ms:.3f}"]
+        cells += [f"{v[p] * 1e3:.3f}" if p in v else "-" for p in peers]
+        cells.append(f"**{r['speedup']:.2f}x**" if r.get("speedup") else "-")
+        est, meas = r.get("dp_estimate_s"), r.get("dp_measured_s")
+        cells.append(f"{(est - meas) / meas:+.0%}" if est and meas else "-")
+        cells += [f"{r['search_s']:.0f}" if r.get("search_s") else "-", str(r.get("measurements", "-"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    ok = [r["speedup"] for r in rows if r.get("speedup")]
+    if ok:
+        geo = math.exp(sum(math.log(x) for x in ok) / len(ok))
+        lines.append("")
+        lines.append(f"geomean vs the best peer over {len(ok)} models: **{geo:.2f}x**; "
+                     f"slowest {min(ok):.2f}x, fastest {max(ok):.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("models", nargs="*", help=f"zoo names or architectures (default: {' '.join(ZOO + EXPORTS)})")
+    p.add_argument("--backends", default="tvm,torch,onnxruntime,openvino")
+    p.add_argument("--storage", default=f"sqlite:///{RESULTS / 'measurements.db'}")
+    p.add_argument("--timeout", default="15m", help="per-model limit on measuring candidates")
+    p.add_argument("--out", default=str(RESULTS / "vs_peers.md"))
+    args = p.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models or ZOO + EXPORTS:
+            spec, flags = _export(name, Path(tmp)) if name in EXPORTS else (name, [])
+            rows.append(tune_one(spec, flags, args, Path(tmp) / f"{name}.plan.json"))
+            text = table(rows)
+            print(f"\n{text}", flush=True)
+            Path(args.out).write_text(
+                "# Emitted plan vs the best peer, measured in one process (interleaved rounds)\n\n"
+                f"1 thread, batch 1, backends {args.backends}; peers: onnxruntime on the model as given "
+                "(the ONNX file; a torch.onnx.export for zoo models) and torch.compile where a torch "
+                "module exists. Ratios are medians of interleaved rounds; x best peer > 1 means the "
+                "plan is faster. DP est. error: the DP's estimate against its plan measured end to end.\n\n"
+                + text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
