@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-single clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/partune tune bert-small --backends tvm,torch,onnxruntime -o plan.json
+	$(BIN)/partune tune bert-small -o plan.json
 	$(BIN)/partune run bert-small --plan plan.json
 
 test: $(STAMP)
@@ -22,7 +22,11 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# The emitted plan against onnxruntime and torch.compile, zoo + ONNX exports (about an hour).
 bench: $(STAMP)
+	$(BIN)/python experiments/bench_vs_peers.py
+
+bench-single: $(STAMP)
 	$(BIN)/python experiments/bench_single_backends.py
 
 clean:

@@ -197,13 +197,13 @@ def summarise(result, model) -> str:
         lines.append(f"| {b:<12} | {len(regs):>7} | {sum(len(r.nodes) for r in regs):>5} | {share} |")
     best = min(m.cost_s for m in result.end_to_end.values() if m.ok)
     lines.append("")
-    lines.append(f"| {'plan':<24} | {'best ms':>9} | {'median ms':>9} | {'x fastest':>9} |")
-    lines.append("|--------------------------|-----------|-----------|-----------|")
+    lines.append(f"| {'plan':<30} | {'best ms':>9} | {'median ms':>9} | {'x fastest':>9} |")
+    lines.append("|" + "-" * 32 + "|-----------|-----------|-----------|")
     for label, m in sorted(result.end_to_end.items(), key=lambda kv: kv[1].cost_s):
         if m.ok:
-            lines.append(f"| {label:<24} | {m.cost_s * 1e3:9.3f} | {m.median_s * 1e3:9.3f} | {m.cost_s / best:9.2f} |")
+            lines.append(f"| {label:<30} | {m.cost_s * 1e3:9.3f} | {m.median_s * 1e3:9.3f} | {m.cost_s / best:9.2f} |")
         else:
-            lines.append(f"| {label:<24} | {'failed':>9} | {'-':>9} | {'-':>9} |  {m.error}")
+            lines.append(f"| {label:<30} | {'failed':>9} | {'-':>9} | {'-':>9} |  {m.error}")
     lines.extend(_verdict_lines(result))
     lines.append("")
     lines.append(f"candidates measured on {result.inputs_from} inputs")

@@ -79,8 +79,15 @@ def onnxruntime_session(onnx_bytes: bytes, inputs: list[np.ndarray], threads: in
 
 
 # Peers travel to the measuring process as specs: what to build there, next to the plans.
-PEER_LABELS = {"onnxruntime": "onnxruntime (your model)", "torch.compile": "torch.compile (inductor)",
+PEER_LABELS = {"onnxruntime": "onnxruntime", "torch.compile": "torch.compile (inductor)",
                "torch": "torch eager"}
+
+
+def peer_label(kind: str, model) -> str:
+    """How a peer is named in tables: onnxruntime says which ONNX graph it ran."""
+    if kind == "onnxruntime":
+        return "onnxruntime (your .onnx file)" if model.onnx_bytes is not None else "onnxruntime (torch.onnx.export)"
+    return PEER_LABELS[kind]
 
 
 def peer_specs(model, wanted: tuple[str, ...] = ("onnxruntime", "torch.compile")) -> dict[str, dict]:
@@ -97,15 +104,19 @@ def peer_specs(model, wanted: tuple[str, ...] = ("onnxruntime", "torch.compile")
     if "onnxruntime" in wanted and (model.onnx_bytes is not None or tm is not None):
         try:
             data = model.onnx_bytes or onnx_export(tm, model.inputs)
-            specs[PEER_LABELS["onnxruntime"]] = {"kind": "onnxruntime", "onnx": base64.b64encode(data).decode()}
+            specs[peer_label("onnxruntime", model)] = {"kind": "onnxruntime",
+                                                        "onnx": base64.b64encode(data).decode()}
         except Exception as e:  # noqa: BLE001 - the exporter raises many kinds
-            specs[PEER_LABELS["onnxruntime"]] = {"kind": "unavailable", "why": f"torch.onnx.export: {_why(e)}"}
+            specs[peer_label("onnxruntime", model)] = {"kind": "unavailable",
+                                                        "why": f"torch.onnx.export: {_why(e)}"}
     for kind in ("torch.compile", "torch"):
         if kind in wanted and tm is not None:
             try:
-                specs[PEER_LABELS[kind]] = {"kind": kind, "module": base64.b64encode(_pickle_module(tm)).decode()}
+                specs[peer_label(kind, model)] = {"kind": kind,
+                                                  "module": base64.b64encode(_pickle_module(tm)).decode()}
             except Exception as e:  # noqa: BLE001 - unpicklable modules
-                specs[PEER_LABELS[kind]] = {"kind": "unavailable", "why": f"cannot ship the module: {_why(e)}"}
+                specs[peer_label(kind, model)] = {"kind": "unavailable",
+                                                  "why": f"cannot ship the module: {_why(e)}"}
     return specs
 
 

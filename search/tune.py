@@ -264,13 +264,13 @@ def _capture(model, backends: list[str], result: TuneResult, progress: Progress)
 def _verdict(model, module_json: str, finalists: dict[str, Plan], peers: tuple[str, ...],
              runner: Runner, store: MeasurementStore, result: TuneResult, progress: Progress) -> None:
     """Finalist plans against the peers, in one process, interleaved; stored like the rest."""
-    from runners.peers import PEER_LABELS, peer_specs
+    from runners.peers import PEER_LABELS, peer_label, peer_specs
 
     wanted = tuple(p for p in peers if p in PEER_LABELS
                    and (model.torch_module is not None or (p == "onnxruntime" and model.onnx_bytes)))
     doc = [model.graph.fingerprint, sorted(plan_key(p) for p in finalists.values()), sorted(wanted)]
     key = "verdict:" + hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:24] + ":"
-    labels = list(finalists) + [PEER_LABELS[p] for p in wanted]
+    labels = list(finalists) + [peer_label(p, model) for p in wanted]
     progress.start_phase("plans vs peers, interleaved", 1)
     if all(key + label in store for label in labels):
         result.verdict = {label: store.get(key + label) for label in labels}
@@ -282,7 +282,7 @@ def _verdict(model, module_json: str, finalists: dict[str, Plan], peers: tuple[s
         for label, m in result.verdict.items():
             store.put(key + label, m, f"{model.name} verdict {label}")
         result.measured += len(result.verdict)
-    result.peers = tuple(PEER_LABELS[p] for p in wanted)
+    result.peers = tuple(peer_label(p, model) for p in wanted)
     best = min((m.median_s for m in result.verdict.values() if m.ok), default=float("nan"))
     progress.advance(f"fastest median {best * 1e3:.3f} ms")
 

@@ -193,11 +193,11 @@ def test_finalists_meet_onnxruntime_on_the_users_file(tmp_path, capsys):
             "--storage", url, "-o", str(out)]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "(peer) onnxruntime (your model)" in text
+    assert "(peer) onnxruntime (your .onnx file)" in text
     notes = json.loads(out.read_text())["notes"]
-    assert notes["best_peer"] == "onnxruntime (your model)"
+    assert notes["best_peer"] == "onnxruntime (your .onnx file)"
     assert notes["speedup_vs_best_peer"] > 0
-    assert set(notes["verdict_median_s"]) >= {"onnxruntime (your model)", notes["chosen_as"]}
+    assert set(notes["verdict_median_s"]) >= {"onnxruntime (your .onnx file)", notes["chosen_as"]}
     assert notes["dp_estimate_s"] > 0 and "DP estimate" in text  # predicted before it was measured
     # A second run takes the verdict from the store too.
     assert main(args) == 0
