@@ -34,6 +34,17 @@ class FusionStyle(StrEnum):
     ARBITRARY = "arbitrary"  # any convex region
 
 
+def tensor_types(ty) -> list[relax.TensorType]:
+    """The tensor types in ``ty``, tuples flattened in order (a region's flat inputs/outputs)."""
+    from tvm import relax
+
+    if isinstance(ty, relax.TensorType):
+        return [ty]
+    if isinstance(ty, relax.TupleType):
+        return [t for f in ty.fields for t in tensor_types(f)]
+    return []
+
+
 class BackendError(RuntimeError):
     """A backend could not translate or build a region."""
 

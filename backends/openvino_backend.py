@@ -33,9 +33,8 @@ import onnx
 import tvm
 from tvm import relax
 
-from backends.base import Backend, BackendError, FusionStyle, Level
+from backends.base import Backend, BackendError, FusionStyle, Level, tensor_types
 from backends.onnxruntime_backend import MIN_OPSET, _binding_key, binding_accepted, relax_to_onnx
-from search.graph import tensor_types
 
 if TYPE_CHECKING:
     from search.scopes import SEScope

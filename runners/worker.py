@@ -49,7 +49,7 @@ def measure_region(req: dict) -> Measurement:
     import tvm
 
     from backends import registry
-    from search.graph import tensor_types
+    from backends.base import tensor_types
     from search.scopes import SEScope
 
     registry.set_threads(req.get("threads", 1))

@@ -17,6 +17,8 @@ from functools import cached_property
 import tvm
 from tvm import relax
 
+from backends.base import tensor_types
+
 
 class OpKind(IntEnum):
     """TVM's op-pattern kinds, ordered as TVM orders them (fusion decisions compare them)."""
@@ -52,14 +54,6 @@ _OUT_FUSABLE_OPS = {
 def _short(op_name: str) -> str:
     return op_name[len("relax."):] if op_name.startswith("relax.") else op_name
 
-
-def tensor_types(ty) -> list[relax.TensorType]:
-    """The tensor types in ``ty``, tuples flattened in order."""
-    if isinstance(ty, relax.TensorType):
-        return [ty]
-    if isinstance(ty, relax.TupleType):
-        return [t for f in ty.fields for t in tensor_types(f)]
-    return []
 
 
 def _shape(t: relax.TensorType) -> tuple[int, ...] | None:
