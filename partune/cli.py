@@ -58,7 +58,45 @@ def _backend_plan(model, backend: str, threads: int):
     return backend_plan(model.name, model.mod, model.graph, config, backend)
 
 
+def cmd_run_deployed(args: argparse.Namespace) -> int:
+    """Run a deploy directory: only partune.deployed and the backends are imported."""
+    import numpy as np
+
+    from partune.deployed import DeployError, load
+    from runners.timing import time_callable
+
+    model = load(args.model, args.threads)
+    m = model.manifest
+    if args.input:
+        try:
+            inputs = [np.load(f, allow_pickle=False) for f in args.input]
+        except (OSError, ValueError) as e:
+            raise DeployError(f"cannot read --input: {e}") from e
+    else:
+        with np.load(f"{args.model}/example_inputs.npz") as z:
+            inputs = [z[k] for k in sorted(z.files, key=lambda k: int(k.split("_")[1]))]
+    outputs = model(*inputs)
+    m_time = time_callable(lambda: model(*inputs))
+    print(f"deployed   {m['model']} ({len(m['regions'])} library regions: {', '.join(m['backends']) or 'none'}; "
+          f"plan backends {', '.join(m['plan_backends'])})")
+    print(f"latency    {m_time.median_s * 1e3:.3f} ms median, {m_time.cost_s * 1e3:.3f} ms best "
+          f"(numpy in and out, {args.threads} thread(s))")
+    if not args.input:
+        from partune.bench import max_abs_error
+
+        with np.load(f"{args.model}/reference_outputs.npz") as z:
+            ref = [z[k] for k in sorted(z.files, key=lambda k: int(k.split("_")[1]))]
+        print(f"max |err|  {max_abs_error(outputs, ref):.3g} vs {m['reference']} (example inputs)")
+    for i, o in enumerate(outputs):
+        if args.output:
+            np.save(f"{args.output}_{i}.npy", o)
+        print(f"output {i}   {o.dtype}{list(o.shape)}" + (f" -> {args.output}_{i}.npy" if args.output else ""))
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if os.path.isdir(args.model):
+        return cmd_run_deployed(args)
     from partune.bench import max_abs_error
     from runners.builder import build_plan
     from runners.timing import time_callable
@@ -285,8 +323,52 @@ def cmd_tune(args: argparse.Namespace) -> int:
     study = optuna.create_study(study_name=args.study or f"{model.name}:{','.join(backends)}",
                                 storage=store.storage, load_if_exists=True)
     study.set_user_attr("best_plan", result.plan.to_json())
+    study.set_user_attr("model", os.path.abspath(args.model) if os.path.exists(args.model) else args.model)
+    if args.input_shape:
+        study.set_user_attr("input_shape", args.input_shape)
     print(summarise(result, model))
-    print(f"plan written to {args.output}")
+    print(f"plan written to {args.output}; study '{study.study_name}' in {args.storage}")
+    print(f"deploy it: partune export --study '{study.study_name}' --storage {args.storage} -o DIR")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """A deploy directory from a plan file, or from the best plan a tuning study stored."""
+    import optuna
+
+    from partune.export import export
+    from search.errors import PartuneError
+    from search.plan import Plan
+
+    spec, shapes = args.model, args.input_shape
+    if args.plan:
+        if not spec:
+            raise PartuneError("export --plan needs the MODEL the plan was made for")
+        plan = Plan.load(args.plan)
+    else:
+        if not args.study:
+            raise PartuneError("export needs --plan FILE, or --study NAME (and --storage) of a tuning job")
+        try:
+            study = optuna.load_study(study_name=args.study, storage=args.storage)
+        except KeyError:
+            raise PartuneError(f"no study '{args.study}' in {args.storage} (see `partune status`)") from None
+        attrs = study.user_attrs
+        if "best_plan" not in attrs:
+            raise PartuneError(f"study '{args.study}' has no finished plan yet")
+        plan = Plan.from_json(attrs["best_plan"])
+        spec = spec or attrs.get("model")
+        shapes = shapes or attrs.get("input_shape")
+    args.model, args.input_shape = spec, shapes
+    model = load_model(args)
+    if plan.fingerprint != model.graph.fingerprint:
+        raise PartuneError(f"the plan was made for another model (fingerprint {plan.fingerprint}, "
+                           f"{model.name} is {model.graph.fingerprint})")
+    try:
+        out = export(model, plan, args.output, args.threads)
+    except FileExistsError as e:
+        raise PartuneError(str(e)) from None
+    print(f"exported {model.name} under its plan ({', '.join(plan.backends)}) to {out}/")
+    print(f"run it:  partune run {out}    or in Python: partune.deployed.load('{out}')(*inputs)")
     return 0
 
 
@@ -330,13 +412,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a MetaSchedule JSON database: the tvm backend applies its tuned schedules")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="run a model under a plan; print latency and error vs the reference")
-    r.add_argument("model", metavar="MODEL")
+    r = sub.add_parser("run", help="run a model under a plan, or a deploy directory; print latency and error")
+    r.add_argument("model", metavar="MODEL", help="a model (zoo name or file), or a directory from `partune export`")
     g = r.add_mutually_exclusive_group()
     g.add_argument("--plan", help="a plan JSON file (from `partune tune` or --save-plan)")
     g.add_argument("--backend", default="tvm",
                    help="single-backend plan: all this backend accepts, the rest to tvm (default tvm)")
     r.add_argument("--save-plan", metavar="FILE", help="write the plan that was run as JSON")
+    r.add_argument("--input", action="append", metavar="X.npy",
+                   help="for a deploy directory: an input array (repeat per input; default: the example inputs)")
+    r.add_argument("--output", metavar="PREFIX", help="for a deploy directory: save outputs as PREFIX_i.npy")
     r.set_defaults(func=cmd_run)
 
     b = sub.add_parser("bench", help="time each single-backend plan and the usual peers in one run")
@@ -370,6 +455,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("-o", "--output", default="plan.json", help="where to write the plan (default plan.json)")
     t.set_defaults(func=cmd_tune)
 
+    e = sub.add_parser("export", help="write a deploy directory: compiled model, plan, manifest",
+                       description="Compile MODEL under a plan (--plan FILE, or the best plan of a tuning "
+                       "study) into a directory that `partune run DIR` or partune.deployed.load(DIR) runs "
+                       "with no search code. Files are checksummed; a changed file or a different "
+                       "environment is refused at load time.")
+    e.add_argument("model", metavar="MODEL", nargs="?", help="the model (default: the one the study tuned)")
+    e.add_argument("--plan", help="a plan JSON file")
+    e.add_argument("--storage", default="sqlite:///partune.db", help="Optuna storage of the study")
+    e.add_argument("--study", help="the tuning job whose best plan to export (see `partune tune --study`)")
+    e.add_argument("-o", "--output", required=True, metavar="DIR", help="the deploy directory to write")
+    e.set_defaults(func=cmd_export)
+
     s = sub.add_parser("rpc-server", help="serve measurements to `partune tune --runner rpc://...`")
     s.add_argument("--tracker", required=True, metavar="HOST:PORT", help="the TVM RPC tracker to register with")
     s.add_argument("--key", required=True, help="device key clients ask the tracker for")
@@ -395,25 +492,33 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
         os.environ["PARTUNE_TVM_DATABASE"] = os.path.abspath(args.tvm_database)
     _setup_threads(args.threads)
-    from backends.registry import UnknownBackendError
-    from search.errors import PartuneError
-
     try:
         return args.func(args)
-    except (PartuneError, UnknownBackendError) as e:
-        print(f"partune: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         print("partune: interrupted (measurements taken so far are kept; rerun to resume)", file=sys.stderr)
         return 130
-    except Exception as e:  # a bug, not bad input: still one line, unless asked for more
-        if os.environ.get("PARTUNE_DEBUG"):
+    except Exception as e:
+        if _is_bad_input(e):
+            print(f"partune: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        if os.environ.get("PARTUNE_DEBUG"):  # a bug, not bad input: still one line, unless asked
             raise
         last = (str(e).strip().splitlines() or [""])[-1][:300]
         print(f"partune: internal error: {type(e).__name__}: {last} (PARTUNE_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return 1
 
+
+def _is_bad_input(e: Exception) -> bool:
+    """Errors that mean bad input, told apart without importing the search for it (so that
+    running a deploy directory loads no search code)."""
+    from backends.registry import UnknownBackendError
+    from partune.deployed import DeployError
+
+    kinds: list[type] = [UnknownBackendError, DeployError]
+    if "search.errors" in sys.modules:  # nothing else can have raised a PartuneError
+        kinds.append(sys.modules["search.errors"].PartuneError)
+    return isinstance(e, tuple(kinds))
 
 if __name__ == "__main__":
     sys.exit(main())

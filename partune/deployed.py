@@ -1,0 +1,138 @@
+"""Load and run a deploy directory written by ``partune export``: no search code involved.
+
+A deploy directory holds the compiled model (``model.so``: the Relax VM executable with
+every TVM-native region compiled in), one file per library region (the region as TVM
+JSON, rebuilt here by its backend: onnxruntime, OpenVINO or torch kernels live in
+Python and are registered in this process under the symbols the executable calls),
+``plan.json``, and ``manifest.json`` with checksums and the environment it was built in.
+This module imports TVM, numpy and ``backends`` only: nothing of ``search/`` or
+``cost_models/``.
+
+    model = partune.deployed.load("deploy/")
+    outputs = model(x)          # numpy in, list of numpy out
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+# Packages whose version changes what the artifact computes or whether it loads.
+PINNED = ("apache-tvm", "apache-tvm-ffi")
+BACKEND_PACKAGES = {"torch": "torch", "onnxruntime": "onnxruntime", "openvino": "openvino"}
+
+
+class DeployError(RuntimeError):
+    """A deploy directory that is incomplete, modified, or built for another environment."""
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def environment(backends: list[str]) -> dict[str, str]:
+    """The versions that must match between export and load."""
+    out = {"python": ".".join(platform.python_version_tuple()[:2]), "machine": platform.machine()}
+    for pkg in (*PINNED, *(BACKEND_PACKAGES[b] for b in backends if b in BACKEND_PACKAGES)):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "missing"
+    return out
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """What a library backend reads of a region's SEScope when it builds it here."""
+
+    device_type: str | None = "cpu"
+    virtual_device_id: int | None = 0
+    backend: str | None = None
+
+
+@dataclass
+class Deployed:
+    """A loaded model: call it with numpy arrays, get a list of numpy arrays back."""
+
+    vm: object
+    device: object
+    manifest: dict
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        import tvm
+
+        want = self.manifest["inputs"]
+        if len(inputs) != len(want):
+            raise DeployError(f"{self.manifest['model']} takes {len(want)} inputs, got {len(inputs)}")
+        args = []
+        for a, spec in zip(inputs, want, strict=True):
+            a = np.ascontiguousarray(a)
+            if list(a.shape) != spec["shape"] or str(a.dtype) != spec["dtype"]:
+                raise DeployError(f"input '{spec['name']}' must be {spec['dtype']}{spec['shape']}, "
+                                  f"got {a.dtype}{list(a.shape)}")
+            args.append(tvm.runtime.tensor(a, self.device))
+        out = self.vm["main"](*args)
+        return _flatten(out)
+
+
+def _flatten(out) -> list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    return [a for o in out for a in _flatten(o)]
+
+
+def verify(path: Path) -> dict:
+    """The manifest, once every file checks out and this environment matches the export's."""
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise DeployError(f"{path} is not a deploy directory (no {MANIFEST}; see `partune export`)")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except json.JSONDecodeError as e:
+        raise DeployError(f"{mpath} is corrupt: {e}") from e
+    if manifest.get("format") != FORMAT:
+        raise DeployError(f"{path}: deploy format {manifest.get('format')}, this Partune reads {FORMAT}")
+    for name, digest in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise DeployError(f"{path}: {name} is missing")
+        if sha256(f) != digest:
+            raise DeployError(f"{path}: {name} was modified since export (checksum mismatch)")
+    here = environment(manifest["backends"])
+    diff = [f"{k} {v} (exported with {manifest['environment'].get(k)})" for k, v in here.items()
+            if manifest["environment"].get(k) != v]
+    if diff:
+        raise DeployError(f"{path} was exported for another environment: this one has " + ", ".join(diff))
+    return manifest
+
+
+def load(path: str | Path, threads: int | None = None) -> Deployed:
+    """Verify a deploy directory, register its library regions, load the compiled model."""
+    import tvm
+    from tvm import relax
+
+    from backends import registry
+
+    path = Path(path)
+    manifest = verify(path)
+    registry.set_threads(threads or manifest["threads"])
+    for region in manifest["regions"]:
+        func = tvm.ir.load_json((path / region["file"]).read_text())["region"]
+        scope = _Scope(region["device_type"], region["virtual_device_id"], region["backend"])
+        kernel = registry.get(region["backend"]).build_region(func, scope, registry.threads())
+        tvm.register_global_func(region["symbol"], kernel, override=True)
+    lib = tvm.runtime.load_module(str(path / manifest["library"]))
+    device = tvm.device(manifest["device_type"], 0)
+    return Deployed(relax.VirtualMachine(lib, device), device, manifest)

@@ -1,0 +1,111 @@
+"""Export a plan to a deploy directory; load and run it in a fresh process with no search code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from partune.cli import main
+from partune.export import export
+from search.plan import Plan, Region
+from search.scopes import CompilationConfig
+from tests.conftest import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+ORDER = ["tvm", "torch", "onnxruntime", "openvino"]
+CONFIG = CompilationConfig.for_cpu(ORDER)
+
+FRESH = """
+import sys, numpy as np
+import partune.deployed as d
+model = d.load(sys.argv[1])
+with np.load(sys.argv[1] + "/example_inputs.npz") as z:
+    inputs = [z[f"arr_{i}"] for i in range(len(z.files))]
+with np.load(sys.argv[1] + "/reference_outputs.npz") as z:
+    ref = [z[f"arr_{i}"] for i in range(len(z.files))]
+out = model(*inputs)
+err = max(float(np.abs(o - r).max()) for o, r in zip(out, ref))
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("search", "cost_models"))
+print(err, loaded)
+"""
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """bert-small with regions rotating over all four backends, exported."""
+    model = load_model("bert-small")
+    n = len(model.graph)
+    regions = tuple(Region(tuple(range(s, min(s + 9, n))), CONFIG.scope_for(ORDER[i % 4]))
+                    for i, s in enumerate(range(0, n, 9)))
+    plan = Plan(model.name, model.graph.fingerprint, CONFIG, regions)
+    return export(model, plan, tmp_path_factory.mktemp("deploy") / "bert")
+
+
+def test_runs_in_a_fresh_process_without_search_code(deployed):
+    manifest = json.loads((deployed / "manifest.json").read_text())
+    assert set(manifest["backends"]) == {"torch", "onnxruntime", "openvino"}  # tvm is compiled in
+    done = subprocess.run([sys.executable, "-c", FRESH, str(deployed)], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    err, loaded = done.stdout.strip().split(" ", 1)
+    assert float(err) < 1e-3
+    assert loaded == "[]", f"the deploy path imported {loaded}"
+
+
+def test_partune_run_on_the_directory(deployed, capsys):
+    assert main(["run", str(deployed)]) == 0
+    out = capsys.readouterr().out
+    assert "deployed   bert-small" in out and "max |err|" in out
+    err = float(out.split("max |err|")[1].split()[0])
+    assert err < 1e-3
+
+
+def test_a_modified_file_is_refused(deployed, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(deployed, copy)
+    region = next((copy / "regions").iterdir())
+    region.write_text(region.read_text().replace('"float32"', '"float16"', 1))
+    assert main(["run", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "was modified since export" in err and len(err.strip().splitlines()) == 1
+
+
+def test_another_environment_is_refused(deployed, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(deployed, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["environment"]["apache-tvm"] = "0.19.0"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["run", str(copy)]) == 2
+    assert "exported for another environment" in capsys.readouterr().err
+
+
+def test_wrong_input_shape_is_a_clear_error(deployed, tmp_path, capsys):
+    bad = tmp_path / "x.npy"
+    np.save(bad, np.zeros((3, 3), "float32"))
+    args = ["run", str(deployed)] + [a for _ in json.loads((deployed / "manifest.json").read_text())["inputs"]
+                                     for a in ("--input", str(bad))]
+    assert main(args) == 2
+    assert "must be" in capsys.readouterr().err
+
+
+def test_export_the_best_plan_of_a_study(tmp_path, capsys):
+    from tests.model_files import write_onnx
+
+    model = write_onnx(tmp_path / "tiny.onnx")
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    assert main(["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--storage", url,
+                 "--study", "tiny-job", "-o", str(tmp_path / "plan.json")]) == 0
+    assert main(["export", "--study", "tiny-job", "--storage", url, "-o", str(tmp_path / "dep")]) == 0
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "dep")]) == 0
+    assert "max |err|" in capsys.readouterr().out
+    assert main(["export", "--study", "nope", "--storage", url, "-o", str(tmp_path / "d2")]) == 2
