@@ -372,6 +372,37 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Every tuning job in a storage: its model, emitted plan and standing against the peers."""
+    import optuna
+
+    from search.errors import PartuneError
+    from search.store import STUDY_PREFIX
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        summaries = optuna.get_all_study_summaries(args.storage, include_best_trial=False)
+    except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
+        raise PartuneError(f"cannot open storage {args.storage}: {str(e).splitlines()[0][:160]}") from e
+    stores = [s for s in summaries if s.study_name.startswith(STUDY_PREFIX)]
+    jobs = [s for s in summaries if "best_plan" in s.user_attrs]
+    print(f"{args.storage}: {sum(s.n_trials for s in stores)} measurements on {len(stores)} device(s), "
+          f"{len(jobs)} tuning job(s)")
+    if not jobs:
+        return 0
+    print(f"| {'study':<50} | {'emitted plan':<22} | {'backends':<24} | {'ms':>8} | {'x best peer':>11} |")
+    print("|" + "|".join("-" * w for w in (52, 24, 26, 10, 13)) + "|")
+    for s in sorted(jobs, key=lambda s: s.datetime_start or 0):
+        plan = s.user_attrs["best_plan"]
+        notes = plan.get("notes", {})
+        backends = "+".join(sorted({r["scope"]["backend"] for r in plan["regions"]}))
+        ms = notes.get("verdict_median_s", {}).get(notes.get("chosen_as"), notes.get("measured_s", float("nan")))
+        x = notes.get("speedup_vs_best_peer")
+        print(f"| {s.study_name[:50]:<50} | {str(notes.get('chosen_as', '?'))[:22]:<22} | {backends[:24]:<24} | "
+              f"{ms * 1e3:8.3f} | {(f'{x:.2f}x' if x else '-'):>11} |")
+    return 0
+
+
 def cmd_rpc_server(args: argparse.Namespace) -> int:
     from runners.rpc import serve
 
@@ -466,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--study", help="the tuning job whose best plan to export (see `partune tune --study`)")
     e.add_argument("-o", "--output", required=True, metavar="DIR", help="the deploy directory to write")
     e.set_defaults(func=cmd_export)
+
+    st = sub.add_parser("status", help="list the tuning jobs in a storage and how their plans stand")
+    st.add_argument("--storage", default="sqlite:///partune.db", help="Optuna storage URL (default sqlite:///partune.db)")
+    st.set_defaults(func=cmd_status)
 
     s = sub.add_parser("rpc-server", help="serve measurements to `partune tune --runner rpc://...`")
     s.add_argument("--tracker", required=True, metavar="HOST:PORT", help="the TVM RPC tracker to register with")

@@ -104,6 +104,9 @@ def test_export_the_best_plan_of_a_study(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'm.db'}"
     assert main(["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--storage", url,
                  "--study", "tiny-job", "-o", str(tmp_path / "plan.json")]) == 0
+    capsys.readouterr()
+    assert main(["status", "--storage", url]) == 0
+    assert "tiny-job" in capsys.readouterr().out
     assert main(["export", "--study", "tiny-job", "--storage", url, "-o", str(tmp_path / "dep")]) == 0
     capsys.readouterr()
     assert main(["run", str(tmp_path / "dep")]) == 0
