@@ -315,7 +315,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if unknown := [p for p in peers if p not in PEER_LABELS]:
             raise PartuneError(f"unknown peer(s) {', '.join(unknown)}: use {', '.join(PEER_LABELS)} or none")
         result = tune(model, backends, runner, store, threads=args.threads, pins=pins,
-                      deadline=deadline, progress=Progress(bars.start_phase, bars.advance), peers=peers)
+                      deadline=deadline, progress=Progress(bars.start_phase, bars.advance), peers=peers,
+                      refine_trials=args.refine_trials)
     finally:
         bars.close()
         runner.close()
@@ -479,6 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="limit for one measurement; a hang costs that candidate (default 120s)")
     t.add_argument("--pin", action="append", metavar="SELECTOR=BACKEND",
                    help="keep nodes on a backend: a node index, a range a-b, or an op name (repeatable)")
+    t.add_argument("--refine-trials", type=int, default=0, metavar="N",
+                   help="after the DP: N plan variants (move a region to another backend, merge "
+                        "neighbours) proposed by Optuna TPE and measured end to end; resumable (default 0)")
     t.add_argument("--peers", default="onnxruntime,torch.compile",
                    help="the tools you would use instead, timed against the finalist plans in one "
                         "process, interleaved: onnxruntime (your ONNX file, or a torch.onnx.export), "

@@ -27,10 +27,17 @@ from runners.builder import (
 from runners.runner import Runner
 from runners.timing import Measurement
 from search.borders import BorderModel, Equation, fit, region_features
-from search.candidates import Candidate, backend_plan, enumerate_candidates, region_key
+from search.candidates import (
+    Candidate,
+    accepted_nodes,
+    backend_plan,
+    enumerate_candidates,
+    region_key,
+)
 from search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from search.graph import DataflowGraph
 from search.plan import Plan, Region
+from search.refine import refine
 from search.scopes import CompilationConfig, SEScope
 from search.store import MeasurementStore
 from search.subgraph import SubGraph
@@ -90,10 +97,11 @@ class TuneResult:
 def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
          threads: int = 1, pins: dict[int, SEScope] | None = None, deadline: float | None = None,
          progress: Progress | None = None, peers: tuple[str, ...] = ("onnxruntime", "torch.compile"),
-         ) -> TuneResult:
+         refine_trials: int = 0) -> TuneResult:
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
-    ``peers`` are the tools a user would pick instead (``runners.peers``): the finalist
+    ``refine_trials`` plan variants around the DP's plan are measured end to end by an
+    Optuna study (``search.refine``). ``peers`` are the tools a user would pick instead (``runners.peers``): the finalist
     plans meet them in one interleaved comparison, and the emitted plan is the fastest
     plan of that comparison, with its standing against the best peer in its notes.
     """
@@ -164,7 +172,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         contenders[f"{b}-only"] = backend_plan(model.name, mod, graph, config, b)
     module_json = tvm.ir.save_json(mod)
 
-    def end_to_end(label: str, plan: Plan) -> Measurement:
+    def measure(plan: Plan, label: str) -> Measurement:
         key = plan_key(plan)
         m = store.get(key)
         if m is None:
@@ -174,9 +182,12 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
             result.failed += not m.ok
         else:
             result.reused += 1
-        result.end_to_end[label] = m
         progress.advance(f"{label}: " + (f"{m.cost_s * 1e3:.3f} ms" if m.ok else "failed"))
         return m
+
+    def end_to_end(label: str, plan: Plan) -> Measurement:
+        result.end_to_end[label] = measure(plan, label)
+        return result.end_to_end[label]
 
     progress.start_phase("measure plans end to end", len(contenders) + BORDER_ROUNDS)
     for label, plan in contenders.items():
@@ -215,6 +226,15 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         isolated = sum(r.cost_s or 0.0 for r in result.dp_plan.regions)
         feats = sum(region_features(graph, r.nodes) for r in result.dp_plan.regions)
         result.dp_label, result.dp_estimate_s = dp_label, isolated + held_out.extra_s(feats)
+    if refine_trials > 0 and result.dp_plan is not None:
+        progress.start_phase("refine plans end to end (Optuna)", refine_trials)
+        accepted = {b: accepted_nodes(mod["main"], b) for b in backends}
+        name = f"refine:{graph.fingerprint}:{plan_key(result.dp_plan)}"
+        refined = refine(graph, result.dp_plan, config, accepted, lambda p: measure(p, "refine variant"),
+                         store.storage, name, refine_trials)
+        if refined is not None and all(plan_key(refined.plan) != plan_key(p) for p in contenders.values()):
+            contenders["partune refined"] = refined.plan
+            result.end_to_end["partune refined"] = refined.measurement
     ok = {label: m for label, m in result.end_to_end.items() if m.ok}
     if not ok:
         raise RuntimeError("no plan could be built and run: " +

@@ -207,3 +207,18 @@ def test_finalists_meet_onnxruntime_on_the_users_file(tmp_path, capsys):
 def test_unknown_peer_is_a_clear_error(capsys, chain_file):
     assert main(["tune", str(chain_file), "--peers", "tensorflow", "--storage", "sqlite:///:memory:"]) == 2
     assert "unknown peer" in capsys.readouterr().err
+
+
+def test_refinement_runs_in_the_same_storage_and_never_loses_to_the_dp_plan(tmp_path, capsys):
+    from tests.model_files import write_onnx
+
+    model = write_onnx(tmp_path / "tiny.onnx")
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    out = tmp_path / "plan.json"
+    assert main(["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none",
+                 "--refine-trials", "5", "--storage", url, "-o", str(out)]) == 0
+    studies = {s.study_name: s for s in optuna.get_all_study_summaries(url)}
+    refine = [s for name, s in studies.items() if name.startswith("refine:")]
+    assert len(refine) == 1 and refine[0].n_trials == 5
+    notes = json.loads(out.read_text())["notes"]
+    assert notes["measured_s"] <= notes["end_to_end_s"]["partune dp"]
