@@ -61,18 +61,22 @@ class Equation:
 
     features: np.ndarray  # summed over the plan's regions
     residual_s: float  # measured minus the sum of isolated (calibrated) region costs
+    measured_s: float = 1.0  # the plan's measured time: equations weigh by relative error
 
 
 def fit(equations: Sequence[Equation]) -> BorderModel:
-    """Non-negative least squares over the three features (exhaustive over active sets).
+    """Non-negative weighted least squares over the three features (exhaustive over active sets).
 
     Features are scaled to unit size first so bytes and counts weigh alike; with fewer
     equations than features the model keeps to the subsets it can determine.
     """
     if not equations:
         return BorderModel()
-    a = np.array([e.features for e in equations], dtype=float)
-    b = np.array([e.residual_s for e in equations], dtype=float)
+    # Relative errors: a slow plan (tvm-only, 10x the others) must not outweigh the plans
+    # the DP chooses between, so each equation is divided by its plan's measured time.
+    w = np.array([1.0 / max(e.measured_s, 1e-9) for e in equations])
+    a = np.array([e.features for e in equations], dtype=float) * w[:, None]
+    b = np.array([e.residual_s for e in equations], dtype=float) * w
     scale = np.maximum(np.abs(a).max(axis=0), 1e-12)
     a_s = a / scale
     best, best_err = np.zeros(3), float(np.sum(b**2))

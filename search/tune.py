@@ -200,7 +200,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
             return None
         isolated = sum(c + adjust.get(r.scope, 0.0) for c, r in zip(costs, plan.regions, strict=True))
         feats = sum(region_features(graph, r.nodes) for r in plan.regions)
-        return Equation(feats, m.cost_s - isolated)
+        return Equation(feats, m.cost_s - isolated, m.cost_s)
 
     equations = {label: e for label, p in contenders.items()
                  if (e := equation(p, result.end_to_end[label])) is not None}
