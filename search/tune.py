@@ -212,7 +212,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
             break
         known = next((label for label, p in contenders.items() if plan_key(p) == plan_key(refined[1])), None)
         if known is not None:
-            dp_label, result.cover, result.dp_plan = known, refined[0], contenders[known]
+            dp_label, (result.cover, result.dp_plan) = known, refined  # its regions carry costs
             break
         dp_label = f"partune dp+borders{'' if k == 0 else f' {k + 1}'}"
         contenders[dp_label] = refined[1]
