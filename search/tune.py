@@ -1,9 +1,17 @@
 """The Collage search: candidates -> measured costs -> cheapest cover -> end-to-end check.
 
+Phases: capture the model's intermediate values (candidates are timed on what they see
+inside the model); measure every candidate region on its SEScope; calibrate fixed
+per-call costs; DP over measured costs; measure the DP plan, second opinions and every
+single-backend plan end to end; learn border costs from those plans and let the DP
+propose again (``search.borders``); optionally refine with Optuna (``search.refine``);
+then the three fastest plans meet the peers (onnxruntime on the user's model,
+torch.compile) in one process, interleaved, and the fastest plan is emitted with its
+standing against them.
+
 Every measurement goes through a Runner and into the MeasurementStore the moment it is
 taken; anything already stored is reused, so a killed search resumes where it stopped
-and a finished one, run again, measures nothing. The emitted plan is the fastest, end
-to end, of the DP's plan and every single-backend plan measured in the same run.
+and a finished one, run again, measures nothing.
 """
 
 from __future__ import annotations
@@ -101,9 +109,10 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
     ``refine_trials`` plan variants around the DP's plan are measured end to end by an
-    Optuna study (``search.refine``). ``peers`` are the tools a user would pick instead (``runners.peers``): the finalist
-    plans meet them in one interleaved comparison, and the emitted plan is the fastest
-    plan of that comparison, with its standing against the best peer in its notes.
+    Optuna study (``search.refine``). ``peers`` are the tools a user would pick instead
+    (``runners.peers``): the finalist plans meet them in one interleaved comparison, and
+    the emitted plan is the fastest plan of that comparison, with its standing against
+    the best peer in its notes.
     """
     progress = progress or Progress()
     start = time.monotonic()
