@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from backends.base import Backend, BackendError, FusionStyle, Level
+from backends.kernel import BoundKernel
 from backends.onnx_idioms import fuse_idioms
 
 if TYPE_CHECKING:
@@ -913,64 +914,20 @@ def binding_accepted(binding: relax.Binding, opset: int = MIN_OPSET) -> bool:
 # The kernel: one session, I/O bound straight to the caller's buffers
 
 
-class OrtRegionKernel:
-    """A built region, called destination-passing style: ``kernel(*inputs, *outputs)``.
-
-    Inputs and outputs are bound to the caller's memory by pointer (no copies, ORT writes
-    the results straight into the destinations). A binding is made and validated (dtype,
-    shape, contiguity) the first time a set of buffers is seen and kept for the next
-    ``_MAX_BINDINGS`` sets, keyed by address and element count, so a call on known
-    buffers costs a dict lookup plus ORT's own run. Calls are serialised by a lock.
+class OrtRegionKernel(BoundKernel):
+    """A built region: one ORT session whose I/O is bound to the caller's buffers by pointer
+    (no copies: ORT writes the results straight into the destinations); see ``BoundKernel``.
     """
 
-    _MAX_BINDINGS = 8
-
     def __init__(self, session: Any, model: onnx.ModelProto) -> None:
-        self.session = session
         graph = model.graph
-        self._in = [(i.name, _info_dtype(i), _info_shape(i)) for i in graph.input]
-        self._out = [(o.name, _info_dtype(o), _info_shape(o)) for o in graph.output]
+        super().__init__([(i.name, _info_dtype(i), _info_shape(i)) for i in graph.input],
+                         [(o.name, _info_dtype(o), _info_shape(o)) for o in graph.output])
+        self.session = session
         self._live = {i.name for i in session.get_inputs()}  # ORT drops unused inputs
-        self._bound: dict[tuple, Callable[[], Any]] = {}
-        self._lock = threading.Lock()
-        self.zero_copy = True  # False once a binding had to fall back to copying
 
-    @property
-    def input_names(self) -> list[str]:
-        return [n for n, _, _ in self._in]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [n for n, _, _ in self._out]
-
-    def __call__(self, *args: Any) -> None:
-        key = (*map(_data_ptr, args), *map(_numel, args))
-        with self._lock:
-            run = self._bound.get(key)
-            if run is None:
-                run = self._bind(args, key)
-            run()
-
-    def _bind(self, args: Sequence[Any], key: tuple) -> Callable[[], Any]:
-        n_in, specs = len(self._in), self._in + self._out
-        if len(args) != len(specs):
-            raise BackendError(f"kernel takes {len(specs)} tensors, got {len(args)}")
-        views = [np.from_dlpack(a) for a in args]
-        for view, (name, dtype, shape) in zip(views, specs, strict=True):
-            if view.dtype != dtype or view.shape != shape or not view.flags.c_contiguous:
-                raise BackendError(f"{name}: got {view.dtype}{list(view.shape)}, want {dtype}{list(shape)}")
-        try:
-            run = self._io_binding(args, views[:n_in], views[n_in:])
-        except (RuntimeError, TypeError, ValueError):  # a dtype the binding lacks: copy instead
-            run = functools.partial(self._run_copying, views[:n_in], views[n_in:])
-            self.zero_copy = False
-        if len(self._bound) >= self._MAX_BINDINGS:
-            self._bound.pop(next(iter(self._bound)))
-        self._bound[key] = run
-        return run
-
-    def _io_binding(self, args: Sequence[Any], ins: list[np.ndarray],
-                    outs: list[np.ndarray]) -> Callable[[], Any]:
+    def bind_zero_copy(self, args: Sequence[Any], ins: list[np.ndarray],
+                       outs: list[np.ndarray]) -> Callable[[], Any]:
         """Bind every input and output by address; returns the cheapest way to run it."""
         binding = self.session.io_binding()
         ptrs = [a.data_ptr() for a in args]
@@ -985,14 +942,13 @@ class OrtRegionKernel:
             return functools.partial(c_sess.run_with_iobinding, c_bind, None)
         return functools.partial(self.session.run_with_iobinding, binding)
 
+    def bind_copying(self, ins: list[np.ndarray], outs: list[np.ndarray]) -> Callable[[], Any]:
+        return functools.partial(self._run_copying, ins, outs)
+
     def _run_copying(self, ins: list[np.ndarray], outs: list[np.ndarray]) -> None:
         feeds = {name: v for v, (name, _, _) in zip(ins, self._in, strict=True) if name in self._live}
         for dst, res in zip(outs, self.session.run(self.output_names, feeds), strict=True):
             np.copyto(dst, res)
-
-
-_data_ptr = tvm.runtime.Tensor.data_ptr
-_numel = tvm.runtime.Tensor.numel
 
 
 def _info_dtype(info: onnx.ValueInfoProto) -> np.dtype:

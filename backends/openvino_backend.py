@@ -34,6 +34,7 @@ import tvm
 from tvm import relax
 
 from backends.base import Backend, BackendError, FusionStyle, Level, tensor_types
+from backends.kernel import BoundKernel
 from backends.onnxruntime_backend import MIN_OPSET, _binding_key, binding_accepted, relax_to_onnx
 
 if TYPE_CHECKING:
@@ -261,77 +262,32 @@ def _raw_array(ptr: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=nbytes // dtype.itemsize).reshape(shape)
 
 
-class OvRegionKernel:
-    """A built region, called destination-passing style: ``kernel(*inputs, *outputs)``.
-
-    Each set of buffers gets its own infer request whose input and output tensors wrap the
-    caller's memory (OpenVINO reads the inputs and writes the results in place). A set is
-    validated (dtype, shape, contiguity) the first time it is seen and kept for the next
-    ``_MAX_BINDINGS`` sets, keyed by address and element count, so a call on known buffers
-    costs a dict lookup plus OpenVINO's own infer. Calls are serialised by a lock.
+class OvRegionKernel(BoundKernel):
+    """A built region: each set of buffers gets its own infer request whose input and output
+    tensors wrap the caller's memory (OpenVINO reads the inputs and writes the results in
+    place); see ``BoundKernel``.
     """
 
-    _MAX_BINDINGS = 8
-
     def __init__(self, compiled: Any, model: onnx.ModelProto, func: relax.Function) -> None:
-        self.compiled = compiled
         in_types = [p.ty for p in func.params]
         out_types = tensor_types(func.body.body.ty if isinstance(func.body, relax.SeqExpr)
                                  else func.ret_ty)
-        self._in = [(i.name, _np_dtype(t), _static_shape(t))
-                    for i, t in zip(model.graph.input, in_types, strict=True)]
-        self._out = [(o.name, _np_dtype(t), _static_shape(t))
-                     for o, t in zip(model.graph.output, out_types, strict=True)]
+        super().__init__([(i.name, _np_dtype(t), _static_shape(t))
+                          for i, t in zip(model.graph.input, in_types, strict=True)],
+                         [(o.name, _np_dtype(t), _static_shape(t))
+                          for o, t in zip(model.graph.output, out_types, strict=True)])
+        self.compiled = compiled
         # OpenVINO drops unused inputs and may merge names: find ports by tensor name.
         self._in_port = [_port(compiled.inputs, name, required=False) for name, _, _ in self._in]
         self._out_port = [_port(compiled.outputs, name, required=True) for name, _, _ in self._out]
-        self._bound: dict[tuple, Callable[[], Any]] = {}
-        self._lock = threading.Lock()
-        self.zero_copy = True  # False once a binding had to fall back to copying
 
-    @property
-    def input_names(self) -> list[str]:
-        return [n for n, _, _ in self._in]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [n for n, _, _ in self._out]
-
-    def __call__(self, *args: Any) -> None:
-        key = (*map(_data_ptr, args), *map(_numel, args))
-        with self._lock:
-            run = self._bound.get(key)
-            if run is None:
-                run = self._bind(args, key)
-            run()
-
-    def _bind(self, args: Sequence[Any], key: tuple) -> Callable[[], Any]:
-        n_in, specs = len(self._in), self._in + self._out
-        if len(args) != len(specs):
-            raise BackendError(f"kernel takes {len(specs)} tensors, got {len(args)}")
-        views = [np.from_dlpack(a) for a in args]
-        for view, (name, dtype, shape) in zip(views, specs, strict=True):
-            if view.dtype != dtype or view.shape != shape or not view.flags.c_contiguous:
-                raise BackendError(f"{name}: got {view.dtype}{list(view.shape)}, "
-                                   f"want {dtype}{list(shape)}")
-        raws = [_raw_array(v.ctypes.data, v.dtype, v.shape) for v in views]
-        request = self.compiled.create_infer_request()
-        try:
-            run = self._zero_copy(request, raws[:n_in], raws[n_in:])
-        except (RuntimeError, TypeError, ValueError):  # a tensor OpenVINO will not wrap: copy
-            request = self.compiled.create_infer_request()
-            run = functools.partial(self._run_copying, request, raws[:n_in], raws[n_in:])
-            self.zero_copy = False
-        if len(self._bound) >= self._MAX_BINDINGS:
-            self._bound.pop(next(iter(self._bound)))
-        self._bound[key] = run
-        return run
-
-    def _zero_copy(self, request: Any, ins: list[np.ndarray],
-                   outs: list[np.ndarray]) -> Callable[[], Any]:
+    def bind_zero_copy(self, args: Sequence[Any], ins: list[np.ndarray],
+                       outs: list[np.ndarray]) -> Callable[[], Any]:
         """Set every input and output tensor to wrap caller memory; the cheapest way to run."""
         import openvino as ov
 
+        request = self.compiled.create_infer_request()
+        ins, outs = _raw(ins), _raw(outs)
         for arr, port in zip(ins, self._in_port, strict=True):
             if port is not None:
                 request.set_input_tensor(port, ov.Tensor(arr, shared_memory=True))
@@ -345,6 +301,10 @@ class OvRegionKernel:
                 raise RuntimeError("output tensor was copied")
         return _infer_call(request)
 
+    def bind_copying(self, ins: list[np.ndarray], outs: list[np.ndarray]) -> Callable[[], Any]:
+        request = self.compiled.create_infer_request()
+        return functools.partial(self._run_copying, request, _raw(ins), _raw(outs))
+
     def _run_copying(self, request: Any, ins: list[np.ndarray], outs: list[np.ndarray]) -> None:
         for arr, port in zip(ins, self._in_port, strict=True):
             if port is not None:
@@ -354,8 +314,9 @@ class OvRegionKernel:
             np.copyto(arr, request.get_output_tensor(port).data)
 
 
-_data_ptr = tvm.runtime.Tensor.data_ptr
-_numel = tvm.runtime.Tensor.numel
+def _raw(views: list[np.ndarray]) -> list[np.ndarray]:
+    """Views of the caller's memory that hold no reference to its TVM tensors (see _raw_array)."""
+    return [_raw_array(v.ctypes.data, v.dtype, v.shape) for v in views]
 
 
 def _np_dtype(ty: Any) -> np.dtype:

@@ -353,7 +353,7 @@ def test_kernel_falls_back_to_copying(backend: OpenVinoBackend,
     def refuse(*_):
         raise RuntimeError("cannot share")
 
-    monkeypatch.setattr(kernel, "_zero_copy", refuse)
+    monkeypatch.setattr(kernel, "bind_zero_copy", refuse)
     a, b = _randn(2, 3), _randn(3)
     args = [tvm.runtime.tensor(a), tvm.runtime.tensor(b), tvm.runtime.tensor(np.zeros((2, 3), "f4"))]
     for _ in range(2):
