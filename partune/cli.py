@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import warnings
+from pathlib import Path
 
 EXIT_USAGE = 2
 NOISE = 0.03  # ratios closer to 1 than this are ties: run-to-run noise of interleaved medians
@@ -404,6 +405,32 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """Markdown and PNG plots for one tuning job."""
+    import optuna
+
+    from partune.report import write_report
+    from search.errors import PartuneError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        attrs = optuna.load_study(study_name=args.study, storage=args.storage).user_attrs
+    except KeyError:
+        raise PartuneError(f"no study '{args.study}' in {args.storage} (see `partune status`)") from None
+    if "best_plan" not in attrs:
+        raise PartuneError(f"study '{args.study}' has no finished plan yet")
+    model = None
+    if attrs.get("model"):
+        args.model, args.input_shape = attrs["model"], attrs.get("input_shape")
+        try:
+            model = load_model(args)
+        except PartuneError as e:  # the report still has its tables and plots without the graph
+            print(f"partune: note: no graph picture ({e})", file=sys.stderr)
+    path = write_report(args.storage, args.study, Path(args.output), model)
+    print(f"report written to {path} (with {', '.join(sorted(p.name for p in path.parent.glob('*.png')))})")
+    return 0
+
+
 def cmd_rpc_server(args: argparse.Namespace) -> int:
     from runners.rpc import serve
 
@@ -501,6 +528,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--study", help="the tuning job whose best plan to export (see `partune tune --study`)")
     e.add_argument("-o", "--output", required=True, metavar="DIR", help="the deploy directory to write")
     e.set_defaults(func=cmd_export)
+
+    rp = sub.add_parser("report", help="write a Markdown report with plots for one tuning job")
+    rp.add_argument("--storage", default="sqlite:///partune.db", help="Optuna storage of the study")
+    rp.add_argument("--study", required=True, help="the tuning job (see `partune status`)")
+    rp.add_argument("-o", "--output", required=True, metavar="DIR", help="where report.md and the PNGs go")
+    rp.set_defaults(func=cmd_report)
 
     st = sub.add_parser("status", help="list the tuning jobs in a storage and how their plans stand")
     st.add_argument("--storage", default="sqlite:///partune.db", help="Optuna storage URL (default sqlite:///partune.db)")

@@ -97,13 +97,18 @@ def test_wrong_input_shape_is_a_clear_error(deployed, tmp_path, capsys):
     assert "must be" in capsys.readouterr().err
 
 
-def test_export_the_best_plan_of_a_study(tmp_path, capsys):
+def test_status_report_and_export_of_a_study(tmp_path, capsys):
     from tests.model_files import write_onnx
 
     model = write_onnx(tmp_path / "tiny.onnx")
     url = f"sqlite:///{tmp_path / 'm.db'}"
     assert main(["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--storage", url,
                  "--study", "tiny-job", "-o", str(tmp_path / "plan.json")]) == 0
+    assert main(["report", "--study", "tiny-job", "--storage", url, "-o", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    chosen = json.loads((tmp_path / "plan.json").read_text())["notes"]["chosen_as"]
+    assert f"Emitted plan: **{chosen}**" in report
+    assert {p.name for p in (tmp_path / "report").glob("*.png")} == {"history.png", "shares.png", "graph.png"}
     capsys.readouterr()
     assert main(["status", "--storage", url]) == 0
     assert "tiny-job" in capsys.readouterr().out
