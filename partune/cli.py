@@ -507,9 +507,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="limit for one measurement; a hang costs that candidate (default 120s)")
     t.add_argument("--pin", action="append", metavar="SELECTOR=BACKEND",
                    help="keep nodes on a backend: a node index, a range a-b, or an op name (repeatable)")
-    t.add_argument("--refine-trials", type=int, default=0, metavar="N",
+    t.add_argument("--refine-trials", type=int, default=8, metavar="N",
                    help="after the DP: N plan variants (move a region to another backend, merge "
-                        "neighbours) proposed by Optuna TPE and measured end to end; resumable (default 0)")
+                        "neighbours) proposed by Optuna TPE and measured end to end; resumable; "
+                        "0 to skip (default 8)")
     t.add_argument("--peers", default="onnxruntime,torch.compile",
                    help="the tools you would use instead, timed against the finalist plans in one "
                         "process, interleaved: onnxruntime (your ONNX file, or a torch.onnx.export), "

@@ -35,11 +35,20 @@ class Refined:
     trials: int  # trials in the study, earlier runs included
 
 
+NATIVE_MOVE_MAX_NODES = 4  # larger regions moved to native TVM are slow to build and to run
+
+
 def _choices(base: Plan, config: CompilationConfig, accepted: dict[str, set[int]]) -> list[list[str]]:
-    """Per region of ``base``: keep, or a backend that accepts every one of its nodes."""
+    """Per region of ``base``: keep, or a backend that accepts every one of its nodes.
+
+    Moving a region to the native backend (untuned TVM) is offered for small regions only:
+    glue is where it wins, and each big one costs a long build to learn that it loses.
+    """
+    native = config.default.backend
     out = []
     for r in base.regions:
-        moves = [b for b, ok in accepted.items() if b != r.backend and set(r.nodes) <= ok]
+        moves = [b for b, ok in accepted.items() if b != r.backend and set(r.nodes) <= ok
+                 and (b != native or len(r.nodes) <= NATIVE_MOVE_MAX_NODES)]
         out.append([KEEP, *sorted(moves)])
     return out
 
@@ -82,6 +91,8 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
         study.enqueue_trial({**{f"r{i}": KEEP for i in range(len(choices))},  # the DP plan
                              **{f"merge{i}": False for i in range(1, len(choices))}})
         for b in accepted:
+            if b == config.default.backend:
+                continue  # the tvm-only plan was measured already
             study.enqueue_trial({**{f"r{i}": b if b in c else KEEP for i, c in enumerate(choices)},
                                  **{f"merge{i}": True for i in range(1, len(choices))}})
     plans: dict[int, tuple[Plan, Measurement]] = {}
