@@ -286,6 +286,19 @@ def _verdict_lines(result) -> list[str]:
     return lines
 
 
+def _previous_plan(storage, study_name: str):
+    """The plan an earlier run of this tuning job emitted, if any."""
+    import optuna
+
+    from search.plan import Plan
+
+    try:
+        attrs = optuna.load_study(study_name=study_name, storage=storage).user_attrs
+    except KeyError:
+        return None
+    return Plan.from_json(attrs["best_plan"]) if "best_plan" in attrs else None
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     import time
 
@@ -309,6 +322,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise PartuneError(f"--pin puts node {node} on {scope}, the model pins it to {pins[node]}")
         pins[node] = joined
     store = MeasurementStore(args.storage, device_fingerprint(args.threads))
+    study_name = args.study or f"{model.name}:{','.join(backends)}"
+    previous = _previous_plan(store.storage, study_name)
     bars = _Bars()
     runner = make_runner(args.runner, parse_duration(args.measure_timeout), args.threads)
     try:
@@ -317,13 +332,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise PartuneError(f"unknown peer(s) {', '.join(unknown)}: use {', '.join(PEER_LABELS)} or none")
         result = tune(model, backends, runner, store, threads=args.threads, pins=pins,
                       deadline=deadline, progress=Progress(bars.start_phase, bars.advance), peers=peers,
-                      refine_trials=args.refine_trials)
+                      refine_trials=args.refine_trials, previous=previous)
     finally:
         bars.close()
         runner.close()
     result.plan.save(args.output)
-    study = optuna.create_study(study_name=args.study or f"{model.name}:{','.join(backends)}",
-                                storage=store.storage, load_if_exists=True)
+    study = optuna.create_study(study_name=study_name, storage=store.storage, load_if_exists=True)
     study.set_user_attr("best_plan", result.plan.to_json())
     study.set_user_attr("model", os.path.abspath(args.model) if os.path.exists(args.model) else args.model)
     if args.input_shape:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tvm
 
+from backends import registry
 from runners.builder import (
     calibration_module,
     compare_request,
@@ -105,9 +106,10 @@ class TuneResult:
 def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
          threads: int = 1, pins: dict[int, SEScope] | None = None, deadline: float | None = None,
          progress: Progress | None = None, peers: tuple[str, ...] = ("onnxruntime", "torch.compile"),
-         refine_trials: int = 0) -> TuneResult:
+         refine_trials: int = 0, previous: Plan | None = None) -> TuneResult:
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
+    ``previous`` is the plan an earlier run of the same job emitted: it competes again.
     ``refine_trials`` plan variants around the DP's plan are measured end to end by an
     Optuna study (``search.refine``). ``peers`` are the tools a user would pick instead
     (``runners.peers``): the finalist plans meet them in one interleaved comparison, and
@@ -244,14 +246,23 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         if refined is not None and all(plan_key(refined.plan) != plan_key(p) for p in contenders.values()):
             contenders["partune refined"] = refined.plan
             result.end_to_end["partune refined"] = refined.measurement
+    if previous is not None and previous.fingerprint == graph.fingerprint:
+        if all(plan_key(previous) != plan_key(p) for p in contenders.values()):
+            contenders["previous best"] = previous  # a resumed job never emits worse than before
+            end_to_end("previous best", previous)
     ok = {label: m for label, m in result.end_to_end.items() if m.ok}
     if not ok:
         raise RuntimeError("no plan could be built and run: " +
                            "; ".join(f"{k}: {m.error}" for k, m in result.end_to_end.items()))
+    # The fastest few, plus each graph-level backend's own plan: those mirror the peers
+    # (onnxruntime-only vs onnxruntime on the user's file), so a noisy end-to-end sample
+    # can never keep the plan that ties the peer out of the verdict.
     finalists: dict[str, Plan] = {}
+    mirrors = [f"{b}-only" for b in backends if registry.get(b).level.value == "compiler"]
     for label in sorted(ok, key=lambda label: ok[label].cost_s):
-        if len(finalists) < FINALISTS and all(plan_key(contenders[label]) != plan_key(p) for p in finalists.values()):
-            finalists[label] = contenders[label]
+        if len(finalists) < FINALISTS or label in mirrors:
+            if all(plan_key(contenders[label]) != plan_key(p) for p in finalists.values()):
+                finalists[label] = contenders[label]
     _verdict(model, module_json, finalists, peers, runner, store, result, progress)
     judged = {label: m for label, m in result.verdict.items() if label in finalists and m.ok}
     if judged:  # the interleaved medians decide; the search's best samples break no ties here
