@@ -59,7 +59,7 @@ def tune_one(spec: str, flags: list[str], args, out: Path) -> dict:
     row |= {"chosen_as": notes["chosen_as"], "verdict": notes.get("verdict_median_s", {}),
             "best_peer": notes.get("best_peer"), "peers": notes.get("peers", []), "speedup": notes.get("speedup_vs_best_peer"),
             "dp_estimate_s": notes.get("dp_estimate_s"),
-            "dp_measured_s": notes.get("end_to_end_s", {}).get("partune dp"),
+            "dp_measured_s": notes.get("end_to_end_s", {}).get(notes.get("dp_label", "partune dp")),
             "backends": sorted({r["scope"]["backend"] for r in json.loads(out.read_text())["regions"]}),
             "search_s": float(stats.group(1)) if stats else None,
             "measurements": int(stats.group(3)) if stats else None}

@@ -231,6 +231,14 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         m = end_to_end(dp_label, refined[1])
         if (e := equation(refined[1], m)) is not None:
             equations[dp_label] = e
+    # Second opinions with border costs too: native + one other backend each.
+    if len(backends) > 2 and result.border.equations:
+        for b in backends:
+            if b != native.backend and (alt := dp_plan({native.backend, b}, result.border)) is not None:
+                if all(plan_key(alt[1]) != plan_key(p) for p in contenders.values()):
+                    label = f"partune dp ({native.backend}+{b})+borders"
+                    contenders[label] = alt[1]
+                    end_to_end(label, alt[1])
     # The DP's estimate of its plan, with borders fitted on the other plans only: a prediction.
     if dp_label is not None and result.dp_plan is not None:
         held_out = fit([e for label, e in equations.items() if label != dp_label])
