@@ -71,6 +71,10 @@ class Deployed:
     manifest: dict
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        return _flatten(self.vm["main"](*self.to_device(*inputs)))
+
+    def to_device(self, *inputs: np.ndarray) -> list:
+        """Checked device tensors for ``vm["main"]``: convert once, call many times."""
         import tvm
 
         want = self.manifest["inputs"]
@@ -83,8 +87,7 @@ class Deployed:
                 raise DeployError(f"input '{spec['name']}' must be {spec['dtype']}{spec['shape']}, "
                                   f"got {a.dtype}{list(a.shape)}")
             args.append(tvm.runtime.tensor(a, self.device))
-        out = self.vm["main"](*args)
-        return _flatten(out)
+        return args
 
 
 def _flatten(out) -> list[np.ndarray]:
