@@ -49,7 +49,7 @@ def tool_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
-    for pkg in ("partune", "apache-tvm", "torch", "onnxruntime"):
+    for pkg in ("partune", "apache-tvm", "torch", "onnxruntime", "openvino"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
