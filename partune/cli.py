@@ -447,6 +447,62 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_costmodel_eval(args: argparse.Namespace) -> int:
+    """Leave-one-model-out: how well the cost model ranks each DP frontier's candidates."""
+    import optuna
+
+    from cost_models.evaluate import Samples, leave_one_model_out, samples_for
+    from cost_models.xgboost_model import CostModel
+    from partune.models import load
+    from search.errors import PartuneError
+    from search.store import STUDY_PREFIX, MeasurementStore
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        stores = [s for s in optuna.get_all_study_summaries(args.storage) if s.study_name.startswith(STUDY_PREFIX)]
+    except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
+        raise PartuneError(f"cannot open storage {args.storage}: {str(e).splitlines()[0][:160]}") from e
+    if not stores:
+        raise PartuneError(f"{args.storage} holds no measurements (run `partune tune` first)")
+    device = args.device or max(stores, key=lambda s: s.n_trials).study_name[len(STUDY_PREFIX):]
+    store = MeasurementStore(args.storage, device)
+    labels = {t.user_attrs.get("label", "").split(" ")[0] for t in store.study.get_trials(deepcopy=False)}
+    specs = args.models.split(",") if args.models else sorted(n for n in labels if _is_zoo(n))
+    backends = [b.strip() for b in args.backends.split(",")]
+    data: list[Samples] = []
+    for spec in specs:
+        s = samples_for(load(spec), store, backends, args.threads)
+        print(f"{spec}: {len(s.seconds)} measured candidates", file=sys.stderr)
+        if len(s.seconds):
+            data.append(s)
+    if len(data) < 2:
+        raise PartuneError("leave-one-model-out needs measurements of at least two models "
+                           f"(found {len(data)}; name them with --models)")
+    scores = leave_one_model_out(data)
+    print(f"device {device}; {sum(len(s.seconds) for s in data)} measurements of {len(data)} models; "
+          "each model held out, the XGBoost model trained on the others")
+    print(f"| {'held-out model':<22} | {'candidates':>10} | {'frontiers':>9} | {'Spearman':>8} | {'top-1':>6} | {'top-3':>6} |")
+    print("|" + "|".join("-" * w for w in (24, 12, 11, 10, 8, 8)) + "|")
+    for sc in scores:
+        print(f"| {sc.model:<22} | {sc.samples:>10} | {sc.frontiers:>9} | {sc.spearman:8.3f} | "
+              f"{sc.top1:6.1%} | {sc.top3:6.1%} |")
+    rho, top1, top3 = (sum(getattr(s, f) for s in scores) / len(scores) for f in ("spearman", "top1", "top3"))
+    print(f"| {'mean':<22} | {'':>10} | {'':>9} | {rho:8.3f} | {top1:6.1%} | {top3:6.1%} |")
+    if args.save:
+        import numpy as np
+
+        model = CostModel().fit(np.concatenate([s.x for s in data]), np.concatenate([s.seconds for s in data]))
+        model.save(args.save)
+        print(f"cost model trained on all {model.trained_on} measurements saved to {args.save}")
+    return 0
+
+
+def _is_zoo(name: str) -> bool:
+    from partune.zoo import ZOO
+
+    return name in ZOO
+
+
 def cmd_rpc_server(args: argparse.Namespace) -> int:
     from runners.rpc import serve
 
@@ -551,6 +607,20 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--study", required=True, help="the tuning job (see `partune status`)")
     rp.add_argument("-o", "--output", required=True, metavar="DIR", help="where report.md and the PNGs go")
     rp.set_defaults(func=cmd_report)
+
+    cm = sub.add_parser("costmodel", help="the XGBoost cost model learned from the measurement store")
+    cms = cm.add_subparsers(dest="action", required=True)
+    ev = cms.add_parser("eval", help="leave-one-model-out Spearman and top-1/top-3 recall per DP frontier",
+                        description="For each model measured in the store, train the cost model on the "
+                        "other models' measurements and score how it ranks the candidates of each DP "
+                        "frontier (the candidates starting at one node) of the held-out model.")
+    ev.add_argument("--storage", default="sqlite:///partune.db", help="Optuna storage of the measurements")
+    ev.add_argument("--models", help="comma-separated models (zoo names or files) to evaluate on "
+                    "(default: every zoo model measured in the store)")
+    ev.add_argument("--backends", default="tvm,torch,onnxruntime,openvino", help="backends the searches offered")
+    ev.add_argument("--device", help="device fingerprint of the measurements (default: the one with most)")
+    ev.add_argument("--save", metavar="FILE", help="also train on everything and save the model (XGBoost JSON)")
+    ev.set_defaults(func=cmd_costmodel_eval)
 
     st = sub.add_parser("status", help="list the tuning jobs in a storage and how their plans stand")
     st.add_argument("--storage", default="sqlite:///partune.db", help="Optuna storage URL (default sqlite:///partune.db)")

@@ -1,0 +1,63 @@
+"""An XGBoost cost model: region features -> predicted seconds.
+
+Objective: squared error on log(seconds). The DP adds predicted costs across frontiers,
+so predictions must be costs on one scale, not per-frontier ranking scores (which
+``rank:pairwise`` would give); in log space an error is relative, so a 10 us region and
+a 10 ms region weigh alike and the order inside a frontier is what the fit protects.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from cost_models.features import FEATURE_VERSION, NAMES
+
+PARAMS = {"max_depth": 6, "eta": 0.1, "subsample": 0.9, "colsample_bytree": 0.9, "min_child_weight": 2,
+          "objective": "reg:squarederror", "nthread": 1, "seed": 0}
+ROUNDS = 300
+
+
+class CostModel:
+    """Predicts a candidate's cost (seconds) from ``cost_models.features`` vectors."""
+
+    def __init__(self, booster=None, trained_on: int = 0) -> None:
+        self.booster = booster
+        self.trained_on = trained_on
+
+    def fit(self, x: np.ndarray, seconds: np.ndarray, rounds: int = ROUNDS) -> CostModel:
+        import xgboost as xgb
+
+        data = xgb.DMatrix(x, label=np.log(np.maximum(seconds, 1e-9)), feature_names=list(NAMES))
+        self.booster = xgb.train(PARAMS, data, num_boost_round=rounds)
+        self.trained_on = len(seconds)
+        return self
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        import xgboost as xgb
+
+        if self.booster is None:
+            raise RuntimeError("the cost model is not trained")
+        return np.exp(self.booster.predict(xgb.DMatrix(x, feature_names=list(NAMES))))
+
+    def save(self, path: str | Path) -> None:
+        """The booster as XGBoost JSON, and beside it the feature version it expects."""
+        path = Path(path)
+        self.booster.save_model(str(path))
+        path.with_suffix(".meta.json").write_text(json.dumps(
+            {"feature_version": FEATURE_VERSION, "features": list(NAMES), "trained_on": self.trained_on}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        import xgboost as xgb
+
+        path = Path(path)
+        meta = json.loads(path.with_suffix(".meta.json").read_text())
+        if meta["feature_version"] != FEATURE_VERSION:
+            raise ValueError(f"{path} was trained on feature version {meta['feature_version']}, "
+                             f"this Partune computes version {FEATURE_VERSION}")
+        booster = xgb.Booster()
+        booster.load_model(str(path))
+        return cls(booster, meta["trained_on"])

@@ -1,0 +1,94 @@
+"""Cost-model features, training and the frontier scores."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cost_models.evaluate import rank_correlation, score
+from cost_models.features import FEATURE_VERSION, NAMES, featurize
+from cost_models.xgboost_model import CostModel
+from search.graph import DataflowGraph
+from tests.graphs import Diamond, Residual
+
+
+def test_features_are_deterministic_well_shaped_and_structural():
+    g = DataflowGraph.from_function(Diamond["main"])
+    a = featurize(g, [1, 2, 3], "onnxruntime")
+    assert a.shape == (len(NAMES),) and np.all(np.isfinite(a))
+    assert np.array_equal(a, featurize(DataflowGraph.from_function(Diamond["main"]), [3, 2, 1], "onnxruntime"))
+    named = dict(zip(NAMES, a, strict=True))
+    assert named["nodes"] == 3 and named["op:exp"] == 1 and named["op:tanh"] == 1 and named["op:add"] == 1
+    assert named["backend:onnxruntime"] == 1 and named["backend:tvm"] == 0
+    assert named["inputs"] == 1 and named["exits"] == 1 and named["depth"] == 2
+    assert not np.array_equal(a, featurize(g, [1, 2, 3], "tvm"))  # the backend is a feature
+
+
+def test_conv_regions_count_flops_and_weights():
+    g = DataflowGraph.from_function(Residual["main"])
+    named = dict(zip(NAMES, featurize(g, [0, 1], "torch"), strict=True))
+    assert named["op:nn.conv2d"] == 1 and named["log_flops"] > 0
+    assert named["kind:out_elemwise_fusable"] + named["kind:opaque"] >= 1
+
+
+def test_training_recovers_a_planted_ranking():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 10, size=(600, len(NAMES)))
+    true = np.exp(0.3 * x[:, NAMES.index("log_flops")] - 0.2 * x[:, NAMES.index("nodes")] - 8)
+    model = CostModel().fit(x[:500], true[:500])
+    assert rank_correlation(model.predict(x[500:]), true[500:]) > 0.9
+
+
+def test_scores_of_a_perfect_and_a_reversed_predictor():
+    truth = np.array([3.0, 1.0, 2.0, 5.0, 4.0])
+    frontier = np.array([0, 0, 0, 1, 1])
+    perfect = score("m", truth, truth, frontier)
+    assert perfect.spearman == pytest.approx(1.0) and perfect.top1 == 1.0 and perfect.frontiers == 2
+    reversed_ = score("m", -truth, truth, frontier)
+    assert reversed_.spearman == pytest.approx(-1.0) and reversed_.top1 == 0.0
+
+
+def test_saved_model_loads_only_with_its_feature_version(tmp_path):
+    rng = np.random.default_rng(1)
+    x, y = rng.uniform(size=(50, len(NAMES))), rng.uniform(1e-5, 1e-3, size=50)
+    model = CostModel().fit(x, y, rounds=5)
+    model.save(tmp_path / "cm.json")
+    np.testing.assert_allclose(CostModel.load(tmp_path / "cm.json").predict(x), model.predict(x), rtol=1e-6)
+    meta = tmp_path / "cm.meta.json"
+    meta.write_text(json.dumps(json.loads(meta.read_text()) | {"feature_version": FEATURE_VERSION + 1}))
+    with pytest.raises(ValueError, match="feature version"):
+        CostModel.load(tmp_path / "cm.json")
+
+
+def test_leave_one_model_out_never_trains_on_the_held_out_regions(monkeypatch):
+    from cost_models import evaluate
+    from cost_models.evaluate import Samples, leave_one_model_out
+
+    sizes = []
+    real_fit = evaluate.CostModel.fit
+    monkeypatch.setattr(evaluate.CostModel, "fit",
+                        lambda self, x, y, rounds=300: sizes.append(len(y)) or real_fit(self, x, y, rounds))
+
+    rng = np.random.default_rng(2)
+
+    def samples(name, keys):
+        x = rng.uniform(0, 5, size=(len(keys), len(NAMES)))
+        return Samples(name, x, np.exp(x[:, 0] - 9), np.arange(len(keys)) // 4, keys)
+
+    shared = [f"k{i}" for i in range(20)]
+    a = samples("a", shared + [f"a{i}" for i in range(40)])
+    b = samples("b", shared)  # all of b also occurs in a: only the a-only regions train for b
+    c = samples("c", [f"c{i}" for i in range(60)])
+    scores = {s.model: s for s in leave_one_model_out([a, b, c])}
+    assert set(scores) == {"a", "b", "c"} and all(s.frontiers > 0 for s in scores.values())
+    assert sizes == [60, 100, 80]  # a: b's 20 are a's too, so c only; b: a-only 40 + c; c: a + b
+    assert scores["c"].spearman > 0.8  # learned from a and b: the planted cost is one feature
+
+
+def test_eval_on_an_empty_storage_is_a_clear_error(tmp_path, capsys):
+    from partune.cli import main
+
+    assert main(["costmodel", "eval", "--storage", f"sqlite:///{tmp_path / 'e.db'}"]) == 2
+    assert "holds no measurements" in capsys.readouterr().err
