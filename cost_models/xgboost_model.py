@@ -35,6 +35,17 @@ class CostModel:
         self.trained_on = len(seconds)
         return self
 
+    def update(self, x: np.ndarray, seconds: np.ndarray, rounds: int = 50) -> CostModel:
+        """Keep boosting on new measurements (XGBoost continues from the current trees)."""
+        import xgboost as xgb
+
+        if self.booster is None:
+            return self.fit(x, seconds)
+        data = xgb.DMatrix(x, label=np.log(np.maximum(seconds, 1e-9)), feature_names=list(NAMES))
+        self.booster = xgb.train(PARAMS, data, num_boost_round=rounds, xgb_model=self.booster)
+        self.trained_on += len(seconds)
+        return self
+
     def predict(self, x: np.ndarray) -> np.ndarray:
         import xgboost as xgb
 

@@ -248,6 +248,8 @@ def summarise(result, model) -> str:
     lines.extend(_verdict_lines(result))
     lines.append("")
     lines.append(f"candidates measured on {result.inputs_from} inputs")
+    if result.skipped:
+        lines.append(f"cost model: {result.skipped} candidates ranked out of measuring")
     lines.append(f"search {result.search_s:.1f} s; candidates {result.candidates}; measurements made "
                  f"{result.measured} ({result.failed} failed), reused {result.reused}"
                  + ("; stopped early at --timeout" if result.timed_out else ""))
@@ -288,6 +290,37 @@ def _verdict_lines(result) -> list[str]:
     return lines
 
 
+def _load_cost_model(path: str | None):
+    """The cost model at ``path`` (None when there is none yet: this run trains it)."""
+    if not path or not os.path.exists(path):
+        return None
+    from cost_models.xgboost_model import CostModel
+    from search.errors import PartuneError
+
+    try:
+        return CostModel.load(path)
+    except (OSError, ValueError) as e:
+        raise PartuneError(f"cannot use cost model {path}: {e}") from None
+
+
+def _update_cost_model(path: str, cost_model, result, model) -> str:
+    """Train on what this run measured (continuing from the loaded model) and save."""
+    import numpy as np
+
+    from cost_models.features import featurize
+    from cost_models.xgboost_model import CostModel
+
+    done = [(c, m) for c, m in result.trained if m.ok]
+    if not done:
+        return f"cost model {path}: nothing new to learn"
+    x = np.stack([featurize(model.graph, c.subgraph.nodes, c.backend) for c, _ in done])
+    y = np.array([m.cost_s for _, m in done])
+    updated = (cost_model or CostModel()).update(x, y)
+    updated.save(path)
+    return (f"cost model: {result.skipped} candidates not measured (ranked out); "
+            f"{path} updated with {len(done)} measurements")
+
+
 def _previous_plan(storage, study_name: str):
     """The plan an earlier run of this tuning job emitted, if any."""
     import optuna
@@ -326,6 +359,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     store = MeasurementStore(args.storage, device_fingerprint(args.threads))
     study_name = args.study or f"{model.name}:{','.join(backends)}"
     previous = _previous_plan(store.storage, study_name)
+    cost_model = _load_cost_model(args.cost_model)
     bars = _Bars()
     runner = make_runner(args.runner, parse_duration(args.measure_timeout), args.threads)
     try:
@@ -334,7 +368,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise PartuneError(f"unknown peer(s) {', '.join(unknown)}: use {', '.join(PEER_LABELS)} or none")
         result = tune(model, backends, runner, store, threads=args.threads, pins=pins,
                       deadline=deadline, progress=Progress(bars.start_phase, bars.advance), peers=peers,
-                      refine_trials=args.refine_trials, previous=previous)
+                      refine_trials=args.refine_trials, previous=previous, cost_model=cost_model)
     finally:
         bars.close()
         runner.close()
@@ -345,6 +379,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.input_shape:
         study.set_user_attr("input_shape", args.input_shape)
     print(summarise(result, model))
+    if args.cost_model:
+        print(_update_cost_model(args.cost_model, cost_model, result, model))
     print(f"plan written to {args.output}; study '{study.study_name}' in {args.storage}")
     print(f"deploy it: partune export --study '{study.study_name}' --storage {args.storage} -o DIR")
     return 0
@@ -583,6 +619,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the DP: N plan variants (move a region to another backend, merge "
                         "neighbours) proposed by Optuna TPE and measured end to end; resumable; "
                         "0 to skip (default 8)")
+    t.add_argument("--cost-model", metavar="FILE",
+                   help="an XGBoost cost model (see `partune costmodel eval --save`): measure only the "
+                        "3 most promising candidates per DP frontier plus 10%% at random; the DP uses "
+                        "predictions for the rest and measures any it picks. Updated with this run's "
+                        "measurements (created if missing)")
     t.add_argument("--peers", default="onnxruntime,torch.compile",
                    help="the tools you would use instead, timed against the finalist plans in one "
                         "process, interleaved: onnxruntime (your ONNX file, or a torch.onnx.export), "

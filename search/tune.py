@@ -55,7 +55,10 @@ from search.subgraph import SubGraph
 CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
 PLAN_PROTOCOL = {"warmup": 2, "warmup_ms": 100.0, "repeat": 11, "min_repeat_ms": 50.0}
 BORDER_ROUNDS = 3  # DP proposals refined by learned border costs, each measured end to end
-FINALISTS = 3  # plans that meet the peers in the interleaved verdict
+FINALISTS = 3
+TOP_K = 3  # with a cost model: candidates measured per DP frontier, by predicted cost
+EPSILON = 0.1  # ... plus this share of the rest, drawn at random (the model learns from them)
+MAX_PREDICTED_ROUNDS = 20  # DP reruns while its plan still holds predicted regions  # plans that meet the peers in the interleaved verdict
 VERDICT_ROUNDS = 7
 VERDICT_TIMEOUT_S = 900.0  # torch.compile of a whole model inside the measuring process
 
@@ -95,6 +98,8 @@ class TuneResult:
     dp_estimate_s: float | None = None  # its cost predicted before it was measured
     inputs_from: str = "model"  # what candidates were measured on: "model" values or "random"
     verdict: dict[str, Measurement] = field(default_factory=dict)  # finalists and peers, interleaved
+    skipped: int = 0  # candidates the cost model ranked out of measuring
+    trained: list = field(default_factory=list)  # (candidate, measurement) taken this run
     peers: tuple[str, ...] = ()  # which verdict labels are peers (not Partune plans)
 
     @property
@@ -106,10 +111,13 @@ class TuneResult:
 def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
          threads: int = 1, pins: dict[int, SEScope] | None = None, deadline: float | None = None,
          progress: Progress | None = None, peers: tuple[str, ...] = ("onnxruntime", "torch.compile"),
-         refine_trials: int = 0, previous: Plan | None = None) -> TuneResult:
+         refine_trials: int = 0, previous: Plan | None = None, cost_model=None) -> TuneResult:
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
     ``previous`` is the plan an earlier run of the same job emitted: it competes again.
+    With a ``cost_model`` (``cost_models.CostModel``) only the most promising candidates of
+    each DP frontier are measured (``_prune``); the rest enter the DP with predicted costs,
+    and any the DP picks are measured before its plan counts.
     ``refine_trials`` plan variants around the DP's plan are measured end to end by an
     Optuna study (``search.refine``). ``peers`` are the tools a user would pick instead
     (``runners.peers``): the finalist plans meet them in one interleaved comparison, and
@@ -129,23 +137,36 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
             todo[keys[c]] = c
     result = TuneResult(candidates=len(cands))
     result.reused = len({keys[c] for c in cands}) - len(todo)
-    values = _capture(model, backends, result, progress) if todo else None
-    progress.start_phase("measure candidates", len(todo))
-    for key, c in todo.items():
-        if deadline is not None and time.monotonic() > deadline:
-            result.timed_out = True
-            break
-        m = runner.run(region_request(mod, graph, c.subgraph.nodes, c.scope, CANDIDATE_PROTOCOL, values))
-        store.put(key, m, f"{model.name} {c}")
-        result.measured += 1
-        result.failed += not m.ok
-        progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
+    predicted: dict[Candidate, float] = {}
+    if cost_model is not None and todo:
+        predicted, todo = _prune(graph, cands, todo, cost_model)
+        result.skipped = len({keys[c] for c in cands if keys[c] not in store}) - len(todo)
+    values = None
 
+    def measure_candidates(batch: dict[str, Candidate]) -> None:
+        nonlocal values
+        if batch and values is None:
+            values = _capture(model, backends, result, progress) or {}
+        progress.start_phase("measure candidates", len(batch))
+        for key, c in batch.items():
+            if deadline is not None and time.monotonic() > deadline:
+                result.timed_out = True
+                break
+            m = runner.run(region_request(mod, graph, c.subgraph.nodes, c.scope, CANDIDATE_PROTOCOL, values or None))
+            store.put(key, m, f"{model.name} {c}")
+            result.measured += 1
+            result.failed += not m.ok
+            result.trained.append((c, m))
+            progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
+
+    measure_candidates(todo)
     adjust = calibrate(runner, store, config, result)
     result.adjust_s = {k.backend or str(k): v for k, v in adjust.items()}
 
     def cost(c: Candidate) -> float:
         m = store.get(keys[c])
+        if m is None and c in predicted:  # not measured (pruned): the cost model's guess, for now
+            return max(predicted[c] + adjust.get(c.scope, 0.0), 0.0)
         if m is None or not m.ok:
             return float("inf")
         return max(m.cost_s + adjust.get(c.scope, 0.0), 0.0)
@@ -159,9 +180,17 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         def priced(c: Candidate) -> float:
             return cost(c) + border.extra_s(features[c])
 
-        try:
-            cover = cheapest_cover(graph, [c for c in cands if c.backend in allowed], priced)
-        except NoCoverError:
+        for _ in range(MAX_PREDICTED_ROUNDS):
+            try:
+                cover = cheapest_cover(graph, [c for c in cands if c.backend in allowed], priced)
+            except NoCoverError:
+                return None
+            # A plan is never built on predictions: measure its predicted regions, then redo.
+            guessed = {keys[c]: c for c in cover.candidates if keys[c] not in store}
+            if not guessed:
+                break
+            measure_candidates(guessed)
+        else:
             return None
         regions = tuple(Region(c.subgraph.nodes, c.scope, cost(c)) for c in cover.candidates)
         return cover, Plan(model.name, graph.fingerprint, config, regions,
@@ -293,6 +322,34 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, regions, notes=notes)
     result.search_s = time.monotonic() - start
     return result
+
+
+def _prune(graph: DataflowGraph, cands: list[Candidate], todo: dict[str, Candidate], cost_model
+           ) -> tuple[dict[Candidate, float], dict[str, Candidate]]:
+    """Predicted costs of all candidates, and the part of ``todo`` worth measuring.
+
+    A DP frontier is the set of candidates starting at one node (the DP extends the lowest
+    uncovered node). Per frontier: the ``TOP_K`` cheapest by prediction, plus ``EPSILON``
+    of the others at random (seeded), so the model keeps learning where it is unsure.
+    Every frontier keeps at least one measured candidate.
+    """
+    import random
+
+    from cost_models.features import featurize
+
+    x = np.stack([featurize(graph, c.subgraph.nodes, c.backend) for c in cands])
+    predicted = dict(zip(cands, (float(v) for v in cost_model.predict(x)), strict=True))
+    rng = random.Random(0)
+    fronts: dict[int, list[tuple[str, Candidate]]] = {}
+    for key, c in todo.items():
+        fronts.setdefault(c.subgraph.nodes[0], []).append((key, c))
+    keep: dict[str, Candidate] = {}
+    for members in fronts.values():
+        members.sort(key=lambda kc: predicted[kc[1]])
+        keep.update(members[:TOP_K])
+        rest = members[TOP_K:]
+        keep.update(rng.sample(rest, k=min(len(rest), int(np.ceil(EPSILON * len(rest))))))
+    return predicted, {k: c for k, c in todo.items() if k in keep}
 
 
 def _capture(model, backends: list[str], result: TuneResult, progress: Progress):

@@ -92,3 +92,59 @@ def test_eval_on_an_empty_storage_is_a_clear_error(tmp_path, capsys):
 
     assert main(["costmodel", "eval", "--storage", f"sqlite:///{tmp_path / 'e.db'}"]) == 2
     assert "holds no measurements" in capsys.readouterr().err
+
+
+class _Backwards:
+    """A 'cost model' that predicts the opposite of sense: big regions cheap."""
+
+    def predict(self, x):
+        return 1e-3 / (1.0 + x[:, NAMES.index("nodes")])
+
+
+def _chain_search(tmp_path, cost_model):
+    from runners.local import LocalRunner
+    from search.store import MeasurementStore
+    from search.tune import tune
+    from tests.graphs import Chain
+
+    class M:
+        name, mod = "chain", Chain
+        graph = DataflowGraph.from_function(Chain["main"])
+        inputs = [np.random.default_rng(0).standard_normal((64, 64)).astype("float32")]
+        torch_module = onnx_bytes = None
+
+    store = MeasurementStore(f"sqlite:///{tmp_path / 'm.db'}", "test-device")
+    with LocalRunner(timeout_s=120) as runner:
+        return tune(M(), ["tvm", "onnxruntime"], runner, store, peers=(), cost_model=cost_model), store, M.graph
+
+
+def test_pruning_keeps_a_measured_candidate_in_every_frontier():
+    from search.candidates import enumerate_candidates
+    from search.dp import schedulable
+    from search.scopes import CompilationConfig
+    from search.tune import _prune, candidate_key
+    from tests.graphs import Chain
+
+    g = DataflowGraph.from_function(Chain["main"])
+    cands = [c for c in enumerate_candidates(Chain, g, CompilationConfig.for_cpu(["tvm", "onnxruntime"]))
+             if schedulable(c)]
+    todo = {candidate_key(g, c): c for c in cands}
+    predicted, kept = _prune(g, cands, todo, _Backwards())
+    assert set(predicted) == set(cands) and 0 < len(kept) < len(todo)
+    assert {c.subgraph.nodes[0] for c in todo.values()} == {c.subgraph.nodes[0] for c in kept.values()}
+
+
+def test_a_plan_found_with_predictions_carries_only_measured_costs(tmp_path):
+    from search.candidates import Candidate
+    from search.subgraph import SubGraph
+    from search.tune import candidate_key
+
+    result, store, graph = _chain_search(tmp_path, _Backwards())
+    assert result.skipped > 0  # the model ranked candidates out of measuring
+    def measured(r) -> bool:
+        return candidate_key(graph, Candidate(SubGraph.of(graph, r.nodes), r.scope, "")) in store
+
+    assert all(measured(r) for r in result.dp_plan.regions)  # the DP measured what it picked
+    # The emitted plan's costs are measurements (or absent, for a single-backend plan's
+    # region that was never a measured candidate), never predictions.
+    assert all(measured(r) for r in result.plan.regions if r.cost_s is not None)

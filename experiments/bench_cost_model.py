@@ -1,0 +1,88 @@
+"""Does the cost model make a search measure less, and is its plan as good?
+
+For a held-out zoo model: train the cost model on the other models' measurements in a
+store (``partune costmodel eval --models ... --save``), then tune the held-out model
+twice on fresh stores — measuring everything, and with ``--cost-model`` — and time the
+two emitted plans against each other in one process, interleaved. Writes
+experiments/results/cost_model_search.md.
+
+    python experiments/bench_cost_model.py --store sqlite:///experiments/results/measurements.db vit-small
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+ZOO = ["bert-small", "resnet50-small", "mobilenet_v2-small", "convnext-small", "vit-small", "gpt2-small"]
+
+
+def _partune(*args: str) -> tuple[str, float]:
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "partune.cli", *args], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"partune {' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return done.stdout, time.monotonic() - start
+
+
+def _made(out: str) -> int:
+    return int(re.search(r"measurements made (\d+)", out).group(1))
+
+
+def compare_plans(model_name: str, plans: dict[str, Path]) -> dict[str, float]:
+    """Median latency of each plan, timed in this process in interleaved rounds."""
+    from partune.models import load
+    from runners.builder import build_plan
+    from runners.timing import time_interleaved
+    from search.plan import Plan
+
+    model = load(model_name)
+    fns = {label: build_plan(Plan.load(p), model.mod, model.graph).prepare(model.inputs) for label, p in plans.items()}
+    return {label: m.median_s for label, m in time_interleaved(fns, rounds=9).items()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("held_out", nargs="+", help="zoo models to hold out, one at a time")
+    p.add_argument("--store", required=True, help="storage whose other models train the cost model")
+    args = p.parse_args()
+    rows = []
+    for name in args.held_out:
+        with tempfile.TemporaryDirectory() as tmp:
+            t = Path(tmp)
+            others = ",".join(m for m in ZOO if m != name)
+            _partune("costmodel", "eval", "--storage", args.store, "--models", others, "--save", str(t / "cm.json"))
+            common = ["--peers", "none", "--refine-trials", "0"]
+            full, full_s = _partune("tune", name, "--storage", f"sqlite:///{t / 'a.db'}", "-o", str(t / "full.json"),
+                                    *common)
+            pruned, pruned_s = _partune("tune", name, "--storage", f"sqlite:///{t / 'b.db'}", "-o",
+                                        str(t / "pruned.json"), "--cost-model", str(t / "cm.json"), *common)
+            lat = compare_plans(name, {"full": t / "full.json", "pruned": t / "pruned.json"})
+            notes = json.loads((t / "pruned.json").read_text())["notes"]
+            rows.append((name, _made(full), full_s, _made(pruned), pruned_s, lat["full"], lat["pruned"],
+                         notes["chosen_as"]))
+    lines = ["| held-out model | measurements (all) | search s | measurements (cost model) | search s | "
+             "fewer | plan ms (all) | plan ms (cost model) | ratio |", "|" + "---|" * 9]
+    for name, fm, fs, pm, ps, fl, pl, _ in rows:
+        lines.append(f"| {name} | {fm} | {fs:.0f} | {pm} | {ps:.0f} | **{fm / pm:.1f}x** | {fl * 1e3:.3f} | "
+                     f"{pl * 1e3:.3f} | {pl / fl:.3f} |")
+    text = "\n".join(lines)
+    print(text)
+    out = ROOT / "experiments" / "results" / "cost_model_search.md"
+    out.write_text("# Searching with the cost model (held-out model, fresh stores)\n\n"
+                   "Cost model trained on the other zoo models' measurements in the benchmark store; "
+                   "both searches with --peers none --refine-trials 0; the plans timed against each other "
+                   "in one process, interleaved (medians). ratio = cost-model plan / full plan.\n\n" + text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
