@@ -598,10 +598,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
 
     t = sub.add_parser("tune", help="search the fastest partitioning (Collage DP on measured candidates)",
-                       description="Enumerate candidate regions per backend, measure each once "
-                       "(stored in Optuna storage and reused by every later run), pick the cheapest "
-                       "cover by DP, check it end to end against every single-backend plan, and "
-                       "write the fastest plan. Interrupt and rerun to resume.")
+                       description="Enumerate candidate regions per backend, measure each once on the values "
+                       "it sees inside the model (stored in Optuna storage and reused by every later "
+                       "run), pick the cheapest cover by DP, measure it and every single-backend plan "
+                       "end to end, learn border costs and let the DP propose again, refine with "
+                       "Optuna, then time the finalists against onnxruntime on your model and "
+                       "torch.compile in one process and write the fastest plan, saying how it "
+                       "stands. Interrupt and rerun to resume.")
     t.add_argument("model", metavar="MODEL")
     t.add_argument("--backends", default="tvm,torch,onnxruntime,openvino",
                    help="comma-separated backends on offer (default tvm,torch,onnxruntime,openvino)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import tvm
@@ -43,3 +45,22 @@ def run_region(backend, scope, func: relax.Function, *inputs: np.ndarray) -> lis
     outs = [empty(t) for t in tensor_types(func.ret_ty)]
     kernel(*(tvm.runtime.tensor(np.asarray(x).copy()) for x in inputs), *outs)
     return [o.numpy() for o in outs]
+
+
+def one_op(params: list[tuple[tuple[int, ...], str]], body: Callable[..., relax.Expr]) -> relax.Function:
+    """A one-op Relax function (tuple results are unpacked into a tuple of vars)."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(f"p{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(params)]
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = bb.emit(body(*args))
+            if isinstance(out.ty, relax.TupleType):
+                out = bb.emit(relax.Tuple([bb.emit(relax.TupleGetItem(out, i))
+                                           for i in range(len(out.ty.fields))]))
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    return bb.get()["main"]
+
+
+def first_binding(func: relax.Function) -> relax.Binding:
+    return func.body.blocks[0].bindings[0]

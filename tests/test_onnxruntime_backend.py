@@ -15,7 +15,7 @@ from tvm.relax import op as O
 from backends.base import BackendError, FusionStyle, Level
 from backends.onnxruntime_backend import OnnxRuntimeBackend, relax_to_onnx
 from search.scopes import SEScope
-from tests.regions import SMALL_ZOO, run_region, tensor_types, zoo_mains
+from tests.regions import SMALL_ZOO, first_binding, one_op, run_region, tensor_types, zoo_mains
 
 SCOPE = SEScope("cpu", 0, {"kind": "llvm"}, "global", "onnxruntime")
 TOL = 1e-4  # relative to the output's scale
@@ -35,23 +35,6 @@ def _run(backend: OnnxRuntimeBackend, func: relax.Function, *inputs: np.ndarray)
     return run_region(backend, SCOPE, func, *inputs)
 
 
-def _func(params: list[tuple[tuple[int, ...], str]], body: Callable[..., relax.Expr]) -> relax.Function:
-    """A one-op Relax function (tuple results are unpacked into a tuple of vars)."""
-    bb = relax.BlockBuilder()
-    args = [relax.Var(f"p{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(params)]
-    with bb.function("main", args):
-        with bb.dataflow():
-            out = bb.emit(body(*args))
-            if isinstance(out.ty, relax.TupleType):
-                out = bb.emit(relax.Tuple([bb.emit(relax.TupleGetItem(out, i))
-                                           for i in range(len(out.ty.fields))]))
-            gv = bb.emit_output(out)
-        bb.emit_func_output(gv)
-    return bb.get()["main"]
-
-
-def _first_binding(func: relax.Function) -> relax.Binding:
-    return func.body.blocks[0].bindings[0]
 
 
 def test_backend_identity(backend: OnnxRuntimeBackend) -> None:
@@ -110,8 +93,8 @@ REFUSED: dict[str, tuple[list, Callable[..., relax.Expr]]] = {
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_refuses_what_it_cannot_do(backend: OnnxRuntimeBackend, case: str) -> None:
     params, body = REFUSED[case]
-    func = _func(params, body)
-    assert not backend.accepts(_first_binding(func))
+    func = one_op(params, body)
+    assert not backend.accepts(first_binding(func))
     with pytest.raises(BackendError):
         relax_to_onnx(func)
 
@@ -125,7 +108,7 @@ def test_refuses_dynamic_shapes(backend: OnnxRuntimeBackend) -> None:
             gv = bb.emit_output(bb.emit(O.nn.relu(x)))
         bb.emit_func_output(gv)
     func = bb.get()["main"]
-    assert not backend.accepts(_first_binding(func))
+    assert not backend.accepts(first_binding(func))
     with pytest.raises(BackendError):
         relax_to_onnx(func)
 
@@ -160,7 +143,7 @@ def test_two_output_region(backend: OnnxRuntimeBackend) -> None:
 
 
 def test_kernel_rebinds_new_buffers_and_validates(backend: OnnxRuntimeBackend) -> None:
-    func = _func([((4,), "float32"), ((4,), "float32")], O.multiply)
+    func = one_op([((4,), "float32"), ((4,), "float32")], O.multiply)
     kernel = backend.build_region(func, SCOPE, 1)
     sets = [[tvm.runtime.tensor(np.full(4, v, "float32")) for v in (k + 2.0, 3.0, 0.0)] for k in range(2)]
     for _ in range(2):  # second round hits the cached bindings
@@ -181,7 +164,7 @@ def test_inlines_composite_functions(backend: OnnxRuntimeBackend) -> None:
     """A region as BYOC hands it over: calls to local composite functions."""
     from tvm.relax.dpl import is_op, wildcard
 
-    func = _func([((1, 3, 6, 6), "float32")], lambda x: O.nn.relu(O.nn.conv2d(
+    func = one_op([((1, 3, 6, 6), "float32")], lambda x: O.nn.relu(O.nn.conv2d(
         x, relax.const(np.ones((2, 3, 3, 3), "float32")), padding=1)))
     pattern = is_op("relax.nn.relu")(is_op("relax.nn.conv2d")(wildcard(), wildcard()))
     mod = tvm.IRModule({"main": func})
@@ -244,8 +227,8 @@ SEMANTICS: dict[str, tuple[list, Callable[..., relax.Expr], list[np.ndarray], Ca
 @pytest.mark.parametrize("case", list(SEMANTICS))
 def test_op_semantics(backend: OnnxRuntimeBackend, case: str) -> None:
     params, body, inputs, reference = SEMANTICS[case]
-    func = _func(params, body)
-    assert backend.accepts(_first_binding(func))
+    func = one_op(params, body)
+    assert backend.accepts(first_binding(func))
     got = _run(backend, func, *inputs)
     for g, want in zip(got, reference(*inputs), strict=True):
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)

@@ -23,7 +23,7 @@ from runners.worker import handle
 from search.candidates import accepted_nodes, backend_plan
 from search.plan import Plan, Region
 from search.scopes import CompilationConfig, SEScope
-from tests.regions import run_region
+from tests.regions import first_binding, one_op, run_region
 
 SCOPE = SEScope("cpu", 0, {"kind": "llvm"}, "global", "openvino")
 TVM_SCOPE = SEScope("cpu", 0, {"kind": "llvm"}, "global", "tvm")
@@ -41,23 +41,6 @@ def reference() -> TvmBackend:
     return TvmBackend()
 
 
-def _func(params: list[tuple[tuple[int, ...], str]], body: Callable[..., relax.Expr]) -> relax.Function:
-    """A one-op Relax function (tuple results are unpacked into a tuple of vars)."""
-    bb = relax.BlockBuilder()
-    args = [relax.Var(f"p{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(params)]
-    with bb.function("main", args):
-        with bb.dataflow():
-            out = bb.emit(body(*args))
-            if isinstance(out.ty, relax.TupleType):
-                out = bb.emit(relax.Tuple([bb.emit(relax.TupleGetItem(out, i))
-                                           for i in range(len(out.ty.fields))]))
-            gv = bb.emit_output(out)
-        bb.emit_func_output(gv)
-    return bb.get()["main"]
-
-
-def _first_binding(func: relax.Function) -> relax.Binding:
-    return func.body.blocks[0].bindings[0]
 
 
 def _assert_matches(got: list[np.ndarray], want: list[np.ndarray], rtol: float = 1e-5) -> None:
@@ -82,7 +65,7 @@ def test_backend_identity(backend: OpenVinoBackend) -> None:
 
 def test_compiled_model_runs_in_f32_on_one_thread(backend: OpenVinoBackend) -> None:
     """Read the properties back: the AMX default (bf16) would silently change results."""
-    kernel = backend.build_region(_func([((4, 8), "float32"), ((8, 3), "float32")], O.matmul),
+    kernel = backend.build_region(one_op([((4, 8), "float32"), ((8, 3), "float32")], O.matmul),
                                   SCOPE, 1)
     compiled = kernel.compiled
     assert compiled.get_property("INFERENCE_PRECISION_HINT") == ov.Type.f32
@@ -178,8 +161,8 @@ OPS: dict[str, tuple[list, Callable[..., relax.Expr], list[np.ndarray]]] = {
 @pytest.mark.parametrize("case", list(OPS))
 def test_op_matches_tvm(backend: OpenVinoBackend, reference: TvmBackend, case: str) -> None:
     params, body, inputs = OPS[case]
-    func = _func(params, body)
-    assert backend.accepts(_first_binding(func))
+    func = one_op(params, body)
+    assert backend.accepts(first_binding(func))
     want = run_region(reference, TVM_SCOPE, func, *inputs)
     _assert_matches(run_region(backend, SCOPE, func, *inputs), want)
 
@@ -206,7 +189,7 @@ REFUSED: dict[str, tuple[list, Callable[..., relax.Expr]]] = {
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_refuses_what_it_cannot_do_exactly(backend: OpenVinoBackend, case: str) -> None:
     params, body = REFUSED[case]
-    assert not backend.accepts(_first_binding(_func(params, body)))
+    assert not backend.accepts(first_binding(one_op(params, body)))
 
 
 def test_refuses_structural_int64_and_accepts_other_structure(backend: OpenVinoBackend) -> None:
@@ -231,17 +214,17 @@ def test_compile_probe_is_consulted_and_cached(backend: OpenVinoBackend,
 
     monkeypatch.setattr(ovb, "_ACCEPT_CACHE", {})
     monkeypatch.setattr(ovb, "compile_onnx", failing)
-    binding = _first_binding(_func([((3, 5, 7), "float32")], O.nn.relu))
+    binding = first_binding(one_op([((3, 5, 7), "float32")], O.nn.relu))
     assert not backend.accepts(binding)
-    assert not backend.accepts(_first_binding(_func([((3, 5, 7), "float32")], O.nn.relu)))
+    assert not backend.accepts(first_binding(one_op([((3, 5, 7), "float32")], O.nn.relu)))
     assert calls == [1]  # one compile per op signature
 
 
 def test_probe_takes_weights_as_inputs() -> None:
     """The compile probe needs the weight's type, not its values (embeddings are 100s of MB)."""
-    func = _func([((1, 3, 8, 8), "float32")],
+    func = one_op([((1, 3, 8, 8), "float32")],
                  lambda x: O.nn.conv2d(x, relax.const(_randn(8, 3, 3, 3))))
-    probe = ovb.one_binding_function(_first_binding(func))
+    probe = ovb.one_binding_function(first_binding(func))
     assert [[int(d) for d in p.ty.shape.values] for p in probe.params] == [[1, 3, 8, 8], [8, 3, 3, 3]]
 
 
@@ -305,7 +288,7 @@ def test_inlines_composite_functions(backend: OpenVinoBackend, reference: TvmBac
     """A region as BYOC hands it over: calls to local composite functions."""
     from tvm.relax.dpl import is_op, wildcard
 
-    func = _func([((1, 3, 6, 6), "float32")], lambda x: O.nn.relu(O.nn.conv2d(
+    func = one_op([((1, 3, 6, 6), "float32")], lambda x: O.nn.relu(O.nn.conv2d(
         x, relax.const(_randn(2, 3, 3, 3)), padding=1)))
     pattern = is_op("relax.nn.relu")(is_op("relax.nn.conv2d")(wildcard(), wildcard()))
     mod = tvm.IRModule({"main": func})
@@ -319,7 +302,7 @@ def test_inlines_composite_functions(backend: OpenVinoBackend, reference: TvmBac
 
 def test_kernel_binds_in_place_rebinds_and_validates(backend: OpenVinoBackend,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    kernel = backend.build_region(_func([((4,), "float32"), ((4,), "float32")], O.multiply),
+    kernel = backend.build_region(one_op([((4,), "float32"), ((4,), "float32")], O.multiply),
                                   SCOPE, 1)
     assert isinstance(kernel, OvRegionKernel)
     binds: list[tuple] = []
@@ -347,7 +330,7 @@ def test_kernel_binds_in_place_rebinds_and_validates(backend: OpenVinoBackend,
 
 def test_kernel_falls_back_to_copying(backend: OpenVinoBackend,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    func = _func([((2, 3), "float32"), ((3,), "float32")], O.subtract)
+    func = one_op([((2, 3), "float32"), ((3,), "float32")], O.subtract)
     kernel = backend.build_region(func, SCOPE, 1)
 
     def refuse(*_):
