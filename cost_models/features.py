@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from search.graph import DataflowGraph, OpKind
+from search.subgraph import SubGraph
 
 FEATURE_VERSION = 1
 OPS = ("nn.conv2d", "matmul", "add", "multiply", "subtract", "divide", "nn.relu", "clip", "sigmoid",
@@ -36,28 +37,21 @@ def _log(x: float) -> float:
 
 def featurize(graph: DataflowGraph, nodes: Iterable[int], backend: str) -> np.ndarray:
     """The feature vector (``NAMES`` order) of ``nodes`` of ``graph`` run by ``backend``."""
-    inside = sorted(set(nodes))
-    members = set(inside)
+    sub = SubGraph.of(graph, nodes)
     vec = dict.fromkeys(NAMES, 0.0)
     flops = weights = largest = 0
-    for n in inside:
+    for n in sub.nodes:
         node = graph.nodes[n]
         vec[f"op:{node.op}" if node.op in OPS else "op:other"] += 1
         vec[f"kind:{node.kind.name.lower()}"] += 1
         flops += node.flops
         weights += node.const_bytes
         largest = max([largest, *(math.prod(s) for s in node.shapes if s is not None)])
-    inputs = {p for n in inside for p in graph.nodes[n].inputs if p not in members}
-    outs = set(graph.outputs)
-    exits = [n for n in inside if n in outs or any(c not in members for c in graph.consumers[n])]
-    bytes_in = sum(graph.nodes[p].out_bytes for p in inputs)
-    bytes_out = sum(graph.nodes[n].out_bytes for n in exits)
-    depth: dict[int, int] = {}
-    for n in inside:  # post-DFS order is topological
-        depth[n] = 1 + max((depth[p] for p in graph.nodes[n].inputs if p in members), default=0)
-    vec |= {"nodes": len(inside), "log_flops": _log(flops), "log_bytes_in": _log(bytes_in),
+    bytes_in = sum(graph.nodes[p].out_bytes for p in sub.inputs)
+    bytes_out = sum(graph.nodes[n].out_bytes for n in sub.exits)
+    vec |= {"nodes": len(sub), "log_flops": _log(flops), "log_bytes_in": _log(bytes_in),
             "log_bytes_out": _log(bytes_out), "log_weight_bytes": _log(weights),
             "log_largest": _log(largest), "intensity": flops / (bytes_in + bytes_out + weights + 1),
-            "inputs": len(inputs), "exits": len(exits), "depth": max(depth.values(), default=0)}
+            "inputs": len(sub.inputs), "exits": len(sub.exits), "depth": sub.depth}
     vec[f"backend:{backend}" if backend in BACKENDS else "backend:other"] = 1.0
     return np.array([vec[k] for k in NAMES], dtype=np.float64)

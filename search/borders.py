@@ -24,20 +24,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from search.graph import DataflowGraph
+from search.subgraph import SubGraph
 
 FEATURES = ("regions", "border bytes", "weight bytes")
 
 
 def region_features(graph: DataflowGraph, nodes: Iterable[int]) -> np.ndarray:
     """(1, bytes crossing the region's border, weight bytes it reads unless it is the whole model)."""
-    inside = set(nodes)
-    outs = set(graph.outputs)
-    crossing = {p for n in inside for p in graph.nodes[n].inputs if p not in inside}
-    crossing |= {n for n in inside if n in outs or any(c not in inside for c in graph.consumers[n])}
-    border = sum(graph.nodes[p].out_bytes for p in crossing)
+    sub = SubGraph.of(graph, nodes)
+    border = sum(graph.nodes[p].out_bytes for p in (*sub.inputs, *sub.exits))
     # Timed alone in a loop, a region keeps its weights in cache; in the model the other
     # regions evict them. A region that is the whole model was timed as it runs: no term.
-    weights = sum(graph.nodes[n].const_bytes for n in inside) if len(inside) < len(graph) else 0
+    weights = sum(graph.nodes[n].const_bytes for n in sub.nodes) if len(sub) < len(graph) else 0
     return np.array([1.0, float(border), float(weights)])
 
 
