@@ -45,6 +45,11 @@ def tensor_types(ty) -> list[relax.TensorType]:
     return []
 
 
+def static_shape(ty) -> tuple[int, ...]:
+    """The shape of a tensor type whose dimensions are all known."""
+    return tuple(int(v) for v in ty.shape.values)
+
+
 class BackendError(RuntimeError):
     """A backend could not translate or build a region."""
 

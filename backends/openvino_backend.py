@@ -33,7 +33,7 @@ import onnx
 import tvm
 from tvm import relax
 
-from backends.base import Backend, BackendError, FusionStyle, Level, tensor_types
+from backends.base import Backend, BackendError, FusionStyle, Level, static_shape, tensor_types
 from backends.kernel import BoundKernel
 from backends.onnxruntime_backend import MIN_OPSET, _binding_key, binding_accepted, relax_to_onnx
 
@@ -272,9 +272,9 @@ class OvRegionKernel(BoundKernel):
         in_types = [p.ty for p in func.params]
         out_types = tensor_types(func.body.body.ty if isinstance(func.body, relax.SeqExpr)
                                  else func.ret_ty)
-        super().__init__([(i.name, _np_dtype(t), _static_shape(t))
+        super().__init__([(i.name, _np_dtype(t), static_shape(t))
                           for i, t in zip(model.graph.input, in_types, strict=True)],
-                         [(o.name, _np_dtype(t), _static_shape(t))
+                         [(o.name, _np_dtype(t), static_shape(t))
                           for o, t in zip(model.graph.output, out_types, strict=True)])
         self.compiled = compiled
         # OpenVINO drops unused inputs and may merge names: find ports by tensor name.
@@ -321,10 +321,6 @@ def _raw(views: list[np.ndarray]) -> list[np.ndarray]:
 
 def _np_dtype(ty: Any) -> np.dtype:
     return np.dtype(str(ty.dtype))
-
-
-def _static_shape(ty: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in ty.shape.values)
 
 
 def _port(ports: Sequence[Any], name: str, required: bool) -> int | None:

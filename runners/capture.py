@@ -14,6 +14,7 @@ import tvm
 from tvm import relax
 
 from backends import registry
+from backends.base import static_shape, tensor_types
 from search.graph import DataflowGraph, main_bindings
 from search.partition import lift_region
 from search.scopes import SEScope
@@ -28,10 +29,6 @@ def _tensor_like(ty) -> bool:
     return isinstance(ty, relax.TensorType)
 
 
-def _shape(ty) -> tuple[int, ...]:
-    return tuple(int(v) for v in ty.shape.values)
-
-
 def capture_values(mod: tvm.IRModule, graph: DataflowGraph, inputs: list[np.ndarray],
                    backends: list[str]) -> Values:
     """Every tensor (and tuple of tensors) bound in main, from one run on ``inputs``.
@@ -42,8 +39,7 @@ def capture_values(mod: tvm.IRModule, graph: DataflowGraph, inputs: list[np.ndar
     func = mod["main"]
     bindings = main_bindings(func)
     exits = [b.var for b in bindings if _tensor_like(b.var.ty)]
-    total = sum(int(np.prod(s)) * np.dtype(d).itemsize for n in graph.nodes
-                for s, d in zip(n.shapes, n.dtypes, strict=True) if s is not None)
+    total = sum(n.out_bytes for n in graph.nodes)
     if total > CAPTURE_LIMIT_BYTES:
         raise MemoryError(f"intermediate values take {total / 2**30:.1f} GiB")
     whole, args, _ = lift_region(bindings, exits, "capture", {})
@@ -61,8 +57,7 @@ def capture_values(mod: tvm.IRModule, graph: DataflowGraph, inputs: list[np.ndar
             continue
         by_param = dict(zip(func.params, inputs, strict=True))
         ins = [tvm.runtime.tensor(by_param[a]) for a in args]
-        outs = [tvm.runtime.tensor(np.empty(_shape(t), str(t.dtype)))
-                for v in exits for t in (v.ty.fields if isinstance(v.ty, relax.TupleType) else [v.ty])]
+        outs = [tvm.runtime.tensor(np.empty(static_shape(t), str(t.dtype))) for v in exits for t in tensor_types(v.ty)]
         kernel(*ins, *outs)
         values: Values = dict(by_param)
         k = 0

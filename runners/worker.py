@@ -36,10 +36,6 @@ def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -
     return rng.standard_normal(shape).astype(dtype)
 
 
-def _shape(ty) -> tuple[int, ...]:
-    return tuple(int(v) for v in ty.shape.values)
-
-
 def _protocol(req: dict) -> Protocol:
     return Protocol(**req.get("protocol", {}))
 
@@ -49,7 +45,7 @@ def measure_region(req: dict) -> Measurement:
     import tvm
 
     from backends import registry
-    from backends.base import tensor_types
+    from backends.base import static_shape, tensor_types
     from search.scopes import SEScope
 
     registry.set_threads(req.get("threads", 1))
@@ -61,9 +57,9 @@ def measure_region(req: dict) -> Measurement:
         arrays = [decode_array(a) for a in req["inputs"]]
     else:
         rng = np.random.default_rng(0)
-        arrays = [random_array(_shape(p.ty), str(p.ty.dtype), rng) for p in func.params]
+        arrays = [random_array(static_shape(p.ty), str(p.ty.dtype), rng) for p in func.params]
     args = [tvm.runtime.tensor(a) for a in arrays]
-    outs = [tvm.runtime.tensor(np.empty(_shape(t), str(t.dtype))) for t in tensor_types(func.ret_ty)]
+    outs = [tvm.runtime.tensor(np.empty(static_shape(t), str(t.dtype))) for t in tensor_types(func.ret_ty)]
     every = args + outs
     return time_callable(lambda: kernel(*every), _protocol(req))
 

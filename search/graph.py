@@ -235,14 +235,15 @@ class DataflowGraph:
             arg_desc = tuple(_describe_arg(a, index) for a in args)
             if op == "get_item":
                 attrs = str(value.index)
+            out_bytes = sum(_nbytes(t) for t in out_types)
             nodes.append(Node(
                 index=i, name=binding.var.name, op=op,
                 kind=_kind(op, [_shape(t) for t in in_types], [_shape(t) for t in out_types]),
                 inputs=inputs, shapes=tuple(_shape(t) for t in out_types),
                 dtypes=tuple(str(t.dtype) for t in out_types),
                 flops=_flops(op, value, in_types, out_types),
-                bytes=sum(_nbytes(t) for t in in_types) + sum(_nbytes(t) for t in out_types),
-                attrs=attrs, args=arg_desc, out_bytes=sum(_nbytes(t) for t in out_types),
+                bytes=sum(_nbytes(t) for t in in_types) + out_bytes,
+                attrs=attrs, args=arg_desc, out_bytes=out_bytes,
                 const_bytes=sum(_nbytes(t) for a in args if isinstance(a, tvm.ir.Constant)
                                 for t in tensor_types(a.ty)),
             ))
