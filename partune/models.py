@@ -22,7 +22,7 @@ from tvm import relax
 
 from runners.builder import flatten_outputs
 from runners.worker import random_array
-from search.errors import ModelError
+from search.errors import ModelError, last_line
 from search.graph import DataflowGraph
 from search.scopes import SEScope
 
@@ -233,7 +233,7 @@ def _frontend_failure(e: Exception) -> str:
         if tb.tb_frame.f_code.co_name == "_construct_nodes":
             node = tb.tb_frame.f_locals.get("node")
         tb = tb.tb_next
-    why = (str(e).strip().splitlines() or [type(e).__name__])[-1][:160]
+    why = last_line(e, 160)
     if node is not None:
         return f"op {node.op_type} (node '{node.name}') failed: {why}"
     return why

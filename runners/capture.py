@@ -15,6 +15,7 @@ from tvm import relax
 
 from backends import registry
 from backends.base import static_shape, tensor_types
+from search.errors import last_line
 from search.graph import DataflowGraph, main_bindings
 from search.partition import lift_region
 from search.scopes import SEScope
@@ -53,7 +54,7 @@ def capture_values(mod: tvm.IRModule, graph: DataflowGraph, inputs: list[np.ndar
             kernel = backend.build_region(whole, SEScope(device_type="cpu", backend=name),
                                           registry.threads())
         except Exception as e:  # noqa: BLE001 - try the next backend
-            errors.append(f"{name}: {(str(e).strip().splitlines() or [type(e).__name__])[-1][:120]}")
+            errors.append(f"{name}: {last_line(e, 120)}")
             continue
         by_param = dict(zip(func.params, inputs, strict=True))
         ins = [tvm.runtime.tensor(by_param[a]) for a in args]

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from search.errors import last_line
+
 Runnable = Callable[[], object]
 
 
@@ -108,7 +110,7 @@ def peer_specs(model, wanted: tuple[str, ...] = ("onnxruntime", "torch.compile")
                                                         "onnx": base64.b64encode(data).decode()}
         except Exception as e:  # noqa: BLE001 - the exporter raises many kinds
             specs[peer_label("onnxruntime", model)] = {"kind": "unavailable",
-                                                        "why": f"torch.onnx.export: {_why(e)}"}
+                                                        "why": f"torch.onnx.export: {last_line(e, 160)}"}
     for kind in ("torch.compile", "torch"):
         if kind in wanted and tm is not None:
             try:
@@ -116,7 +118,7 @@ def peer_specs(model, wanted: tuple[str, ...] = ("onnxruntime", "torch.compile")
                                                   "module": base64.b64encode(_pickle_module(tm)).decode()}
             except Exception as e:  # noqa: BLE001 - unpicklable modules
                 specs[peer_label(kind, model)] = {"kind": "unavailable",
-                                                  "why": f"cannot ship the module: {_why(e)}"}
+                                                  "why": f"cannot ship the module: {last_line(e, 160)}"}
     return specs
 
 
@@ -141,7 +143,3 @@ def _pickle_module(module) -> bytes:
     buf = io.BytesIO()
     torch.save(module, buf)
     return buf.getvalue()
-
-
-def _why(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[-1][:160]

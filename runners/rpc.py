@@ -13,7 +13,7 @@ import socket
 import time
 
 from runners.runner import Runner
-from search.errors import PartuneError
+from search.errors import PartuneError, last_line
 
 MEASURE_FUNC = "partune.measure"
 
@@ -48,8 +48,7 @@ class RPCRunner(Runner):
             sess = self._tracker.request(self.key, priority=1, session_timeout=timeout_s or self.timeout_s)
             return json.loads(sess.get_function(MEASURE_FUNC)(json.dumps(request)))
         except Exception as e:  # noqa: BLE001 - a crashed or timed-out session costs one request
-            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-            return {"error": f"rpc: {last[:200]}"}
+            return {"error": f"rpc: {last_line(e, 200)}"}
 
 
 def _register_in_server() -> None:

@@ -15,6 +15,7 @@ import traceback
 import numpy as np
 
 from runners.timing import Measurement, Protocol, time_callable
+from search.errors import last_line
 
 
 def encode_array(a: np.ndarray) -> str:
@@ -111,8 +112,7 @@ def measure_compare(req: dict) -> dict[str, Measurement]:
             fns[label]()  # one call outside the clock: lazy initialisation
         except Exception as e:  # noqa: BLE001 - one contender failing must not end the comparison
             fns.pop(label, None)
-            last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-            failed[label] = Measurement.failed(f"{type(e).__name__}: {last[:300]}")
+            failed[label] = Measurement.failed(f"{type(e).__name__}: {last_line(e)}")
     return time_interleaved(fns, rounds=req.get("rounds", 5)) | failed
 
 
@@ -124,8 +124,7 @@ def handle(req: dict) -> dict:
     try:
         m = HANDLERS[req["kind"]](req)
     except Exception as e:  # noqa: BLE001 - any failure costs this candidate only
-        last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-        m = Measurement.failed(f"{type(e).__name__}: {last[:300]}")
+        m = Measurement.failed(f"{type(e).__name__}: {last_line(e)}")
         return {"measurement": m.to_json(), "trace": traceback.format_exc()[-2000:]}
     if isinstance(m, dict):
         return {"measurements": {label: x.to_json() for label, x in m.items()}}

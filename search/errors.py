@@ -11,3 +11,8 @@ class PlanError(PartuneError):
 
 class ModelError(PartuneError):
     """A model that cannot be found, read or imported."""
+
+
+def last_line(e: BaseException, limit: int = 300) -> str:
+    """The last line of an exception's message (where TVM and ORT put the reason), or its type."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[-1][:limit]

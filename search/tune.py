@@ -44,6 +44,7 @@ from search.candidates import (
     region_key,
 )
 from search.dp import Cover, NoCoverError, cheapest_cover, schedulable
+from search.errors import last_line
 from search.graph import DataflowGraph
 from search.plan import Plan, Region
 from search.refine import refine
@@ -360,7 +361,7 @@ def _capture(model, backends: list[str], result: TuneResult, progress: Progress)
     try:
         values = capture_values(model.mod, model.graph, model.inputs, backends)
     except Exception as e:  # noqa: BLE001 - random inputs are the fallback, and it is reported
-        result.inputs_from = f"random ({(str(e).strip().splitlines() or [type(e).__name__])[-1][:100]})"
+        result.inputs_from = f"random ({last_line(e, 100)})"
         values = None
     progress.advance(result.inputs_from)
     return values
