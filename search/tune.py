@@ -173,6 +173,17 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         return max(m.cost_s + adjust.get(c.scope, 0.0), 0.0)
 
     contenders: dict[str, Plan] = {}
+    label_of: dict[str, str] = {}  # plan key -> the first label the plan was offered under
+
+    def offer(label: str, plan: Plan, always: bool = False) -> bool:
+        """Make ``plan`` a contender under ``label``; False when an equal plan already is one."""
+        key = plan_key(plan)
+        if key in label_of and not always:
+            return False
+        label_of.setdefault(key, label)
+        contenders[label] = plan
+        return True
+
     features = {c: region_features(graph, c.subgraph.nodes) for c in cands}
 
     def dp_plan(allowed: set[str], border: BorderModel | None = None) -> tuple[Cover, Plan] | None:
@@ -197,20 +208,26 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         return cover, Plan(model.name, graph.fingerprint, config, regions,
                            notes={"kind": "collage dp", "estimate_s": cover.cost_s})
 
+    native = config.default
+
+    def second_opinions(border: BorderModel | None = None, suffix: str = "") -> list[str]:
+        """The DP restricted to native + one other backend, per backend: a second opinion
+        when isolated costs mislead (a plan's parts interact); end to end decides."""
+        added = []
+        for b in backends if len(backends) > 2 else ():
+            if b != native.backend and (alt := dp_plan({native.backend, b}, border)) is not None:
+                label = f"partune dp ({native.backend}+{b}){suffix}"
+                if offer(label, alt[1]):
+                    added.append(label)
+        return added
+
     found = dp_plan(set(backends))
     if found is not None:
         result.cover, result.dp_plan = found
-        contenders["partune dp"] = found[1]
-    # The top few: the DP restricted to native + one other backend is a second opinion
-    # when isolated costs mislead (a plan's parts interact); end to end decides.
-    native = config.default
-    if len(backends) > 2:
-        for b in backends:
-            if b != native.backend and (alt := dp_plan({native.backend, b})) is not None:
-                if all(plan_key(alt[1]) != plan_key(p) for p in contenders.values()):
-                    contenders[f"partune dp ({native.backend}+{b})"] = alt[1]
+        offer("partune dp", found[1])
+    second_opinions()
     for b in backends:
-        contenders[f"{b}-only"] = backend_plan(model.name, mod, graph, config, b)
+        offer(f"{b}-only", backend_plan(model.name, mod, graph, config, b), always=True)
     module_json = tvm.ir.save_json(mod)
 
     def measure(plan: Plan, label: str) -> Measurement:
@@ -251,24 +268,18 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         refined = dp_plan(set(backends), result.border)
         if refined is None:
             break
-        known = next((label for label, p in contenders.items() if plan_key(p) == plan_key(refined[1])), None)
-        if known is not None:
-            dp_label, (result.cover, result.dp_plan) = known, refined  # its regions carry costs
-            break
-        dp_label = f"partune dp+borders{'' if k == 0 else f' {k + 1}'}"
-        contenders[dp_label] = refined[1]
+        label = f"partune dp+borders{'' if k == 0 else f' {k + 1}'}"
+        if not offer(label, refined[1]):
+            dp_label, (result.cover, result.dp_plan) = label_of[plan_key(refined[1])], refined
+            break  # a plan measured already (its regions here carry the DP's costs)
+        dp_label = label
         result.cover, result.dp_plan = refined
         m = end_to_end(dp_label, refined[1])
         if (e := equation(refined[1], m)) is not None:
             equations[dp_label] = e
-    # Second opinions with border costs too: native + one other backend each.
-    if len(backends) > 2 and result.border.equations:
-        for b in backends:
-            if b != native.backend and (alt := dp_plan({native.backend, b}, result.border)) is not None:
-                if all(plan_key(alt[1]) != plan_key(p) for p in contenders.values()):
-                    label = f"partune dp ({native.backend}+{b})+borders"
-                    contenders[label] = alt[1]
-                    end_to_end(label, alt[1])
+    if result.border.equations:  # second opinions with border costs too
+        for label in second_opinions(result.border, "+borders"):
+            end_to_end(label, contenders[label])
     # The DP's estimate of its plan, with borders fitted on the other plans only: a prediction.
     if dp_label is not None and result.dp_plan is not None:
         held_out = fit([e for label, e in equations.items() if label != dp_label])
@@ -281,12 +292,10 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         name = f"refine:{graph.fingerprint}:{plan_key(result.dp_plan)}"
         refined = refine(graph, result.dp_plan, config, accepted, lambda p: measure(p, "refine variant"),
                          store.storage, name, refine_trials)
-        if refined is not None and all(plan_key(refined.plan) != plan_key(p) for p in contenders.values()):
-            contenders["partune refined"] = refined.plan
+        if refined is not None and offer("partune refined", refined.plan):
             result.end_to_end["partune refined"] = refined.measurement
     if previous is not None and previous.fingerprint == graph.fingerprint:
-        if all(plan_key(previous) != plan_key(p) for p in contenders.values()):
-            contenders["previous best"] = previous  # a resumed job never emits worse than before
+        if offer("previous best", previous):  # a resumed job never emits worse than before
             end_to_end("previous best", previous)
     ok = {label: m for label, m in result.end_to_end.items() if m.ok}
     if not ok:
@@ -295,12 +304,13 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     # The fastest few, plus each graph-level backend's own plan: those mirror the peers
     # (onnxruntime-only vs onnxruntime on the user's file), so a noisy end-to-end sample
     # can never keep the plan that ties the peer out of the verdict.
-    finalists: dict[str, Plan] = {}
+    picked: dict[str, str] = {}  # plan key -> label: one label per distinct plan
     mirrors = [f"{b}-only" for b in backends if registry.get(b).level.value == "compiler"]
     for label in sorted(ok, key=lambda label: ok[label].cost_s):
-        if len(finalists) < FINALISTS or label in mirrors:
-            if all(plan_key(contenders[label]) != plan_key(p) for p in finalists.values()):
-                finalists[label] = contenders[label]
+        key = plan_key(contenders[label])
+        if (len(picked) < FINALISTS or label in mirrors) and key not in picked:
+            picked[key] = label
+    finalists = {label: contenders[label] for label in picked.values()}
     _verdict(model, module_json, finalists, peers, runner, store, result, progress)
     judged = {label: m for label, m in result.verdict.items() if label in finalists and m.ok}
     if judged:  # the interleaved medians decide; the search's best samples break no ties here
