@@ -74,8 +74,7 @@ def cmd_run_deployed(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             raise DeployError(f"cannot read --input: {e}") from e
     else:
-        with np.load(f"{args.model}/example_inputs.npz") as z:
-            inputs = [z[k] for k in sorted(z.files, key=lambda k: int(k.split("_")[1]))]
+        inputs = model.example_inputs()
     outputs = model(*inputs)
     on_device, main = model.to_device(*inputs), model.vm["main"]
     m_time = time_callable(lambda: main(*on_device))
@@ -87,9 +86,8 @@ def cmd_run_deployed(args: argparse.Namespace) -> int:
     if not args.input:
         from partune.bench import max_abs_error
 
-        with np.load(f"{args.model}/reference_outputs.npz") as z:
-            ref = [z[k] for k in sorted(z.files, key=lambda k: int(k.split("_")[1]))]
-        print(f"max |err|  {max_abs_error(outputs, ref):.3g} vs {m['reference']} (example inputs)")
+        err = max_abs_error(outputs, model.reference_outputs())
+        print(f"max |err|  {err:.3g} vs {m['reference']} (example inputs)")
     for i, o in enumerate(outputs):
         if args.output:
             np.save(f"{args.output}_{i}.npy", o)
@@ -321,17 +319,44 @@ def _update_cost_model(path: str, cost_model, result, model) -> str:
             f"{path} updated with {len(done)} measurements")
 
 
-def _previous_plan(storage, study_name: str):
-    """The plan an earlier run of this tuning job emitted, if any."""
+def _job(storage, study_name: str, required: bool = True) -> dict:
+    """A tuning job's attributes (its best plan, model, input shapes); {} when there is none
+    and it is not ``required``."""
     import optuna
 
-    from search.plan import Plan
+    from search.errors import PartuneError
 
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         attrs = optuna.load_study(study_name=study_name, storage=storage).user_attrs
     except KeyError:
-        return None
+        if not required:
+            return {}
+        raise PartuneError(f"no study '{study_name}' in {storage} (see `partune status`)") from None
+    if required and "best_plan" not in attrs:
+        raise PartuneError(f"study '{study_name}' has no finished plan yet")
+    return attrs
+
+
+def _previous_plan(storage, study_name: str):
+    """The plan an earlier run of this tuning job emitted, if any."""
+    from search.plan import Plan
+
+    attrs = _job(storage, study_name, required=False)
     return Plan.from_json(attrs["best_plan"]) if "best_plan" in attrs else None
+
+
+def _study_summaries(storage: str) -> list:
+    """Every study in a storage; an unreachable or corrupt storage is one clear error."""
+    import optuna
+
+    from search.errors import PartuneError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.get_all_study_summaries(storage, include_best_trial=False)
+    except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
+        raise PartuneError(f"cannot open storage {storage}: {str(e).splitlines()[0][:160]}") from e
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -388,8 +413,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """A deploy directory from a plan file, or from the best plan a tuning study stored."""
-    import optuna
-
     from partune.export import export
     from search.errors import PartuneError
     from search.plan import Plan
@@ -402,13 +425,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         if not args.study:
             raise PartuneError("export needs --plan FILE, or --study NAME (and --storage) of a tuning job")
-        try:
-            study = optuna.load_study(study_name=args.study, storage=args.storage)
-        except KeyError:
-            raise PartuneError(f"no study '{args.study}' in {args.storage} (see `partune status`)") from None
-        attrs = study.user_attrs
-        if "best_plan" not in attrs:
-            raise PartuneError(f"study '{args.study}' has no finished plan yet")
+        attrs = _job(args.storage, args.study)
         plan = Plan.from_json(attrs["best_plan"])
         spec = spec or attrs.get("model")
         shapes = shapes or attrs.get("input_shape")
@@ -428,16 +445,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Every tuning job in a storage: its model, emitted plan and standing against the peers."""
-    import optuna
-
-    from search.errors import PartuneError
     from search.store import STUDY_PREFIX
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        summaries = optuna.get_all_study_summaries(args.storage, include_best_trial=False)
-    except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
-        raise PartuneError(f"cannot open storage {args.storage}: {str(e).splitlines()[0][:160]}") from e
+    summaries = _study_summaries(args.storage)
     stores = [s for s in summaries if s.study_name.startswith(STUDY_PREFIX)]
     jobs = [s for s in summaries if "best_plan" in s.user_attrs]
     print(f"{args.storage}: {sum(s.n_trials for s in stores)} measurements on {len(stores)} device(s), "
@@ -459,18 +469,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Markdown and PNG plots for one tuning job."""
-    import optuna
-
     from partune.report import write_report
     from search.errors import PartuneError
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        attrs = optuna.load_study(study_name=args.study, storage=args.storage).user_attrs
-    except KeyError:
-        raise PartuneError(f"no study '{args.study}' in {args.storage} (see `partune status`)") from None
-    if "best_plan" not in attrs:
-        raise PartuneError(f"study '{args.study}' has no finished plan yet")
+    attrs = _job(args.storage, args.study)
     model = None
     if attrs.get("model"):
         args.model, args.input_shape = attrs["model"], attrs.get("input_shape")
@@ -485,19 +487,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_costmodel_eval(args: argparse.Namespace) -> int:
     """Leave-one-model-out: how well the cost model ranks each DP frontier's candidates."""
-    import optuna
-
     from cost_models.evaluate import Samples, leave_one_model_out, samples_for
     from cost_models.xgboost_model import CostModel
     from partune.models import load
     from search.errors import PartuneError
     from search.store import STUDY_PREFIX, MeasurementStore
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        stores = [s for s in optuna.get_all_study_summaries(args.storage) if s.study_name.startswith(STUDY_PREFIX)]
-    except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
-        raise PartuneError(f"cannot open storage {args.storage}: {str(e).splitlines()[0][:160]}") from e
+    stores = [s for s in _study_summaries(args.storage) if s.study_name.startswith(STUDY_PREFIX)]
     if not stores:
         raise PartuneError(f"{args.storage} holds no measurements (run `partune tune` first)")
     device = args.device or max(stores, key=lambda s: s.n_trials).study_name[len(STUDY_PREFIX):]
@@ -722,6 +718,7 @@ def _is_bad_input(e: Exception) -> bool:
     if "search.errors" in sys.modules:  # nothing else can have raised a PartuneError
         kinds.append(sys.modules["search.errors"].PartuneError)
     return isinstance(e, tuple(kinds))
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -69,6 +69,15 @@ class Deployed:
     vm: object
     device: object
     manifest: dict
+    path: Path
+
+    def example_inputs(self) -> list[np.ndarray]:
+        """The inputs the model was exported with."""
+        return _npz(self.path / "example_inputs.npz")
+
+    def reference_outputs(self) -> list[np.ndarray]:
+        """What the reference (torch eager, onnxruntime, ...) gave on the example inputs."""
+        return _npz(self.path / "reference_outputs.npz")
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
         return _flatten(self.vm["main"](*self.to_device(*inputs)))
@@ -88,6 +97,12 @@ class Deployed:
                                   f"got {a.dtype}{list(a.shape)}")
             args.append(tvm.runtime.tensor(a, self.device))
         return args
+
+
+def _npz(path: Path) -> list[np.ndarray]:
+    """Arrays saved by ``np.savez(path, *arrays)``, in their order (arr_0, arr_1, ...)."""
+    with np.load(path) as z:
+        return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
 def _flatten(out) -> list[np.ndarray]:
@@ -138,4 +153,4 @@ def load(path: str | Path, threads: int | None = None) -> Deployed:
         tvm.register_global_func(region["symbol"], kernel, override=True)
     lib = tvm.runtime.load_module(str(path / manifest["library"]))
     device = tvm.device(manifest["device_type"], 0)
-    return Deployed(relax.VirtualMachine(lib, device), device, manifest)
+    return Deployed(relax.VirtualMachine(lib, device), device, manifest, path)
