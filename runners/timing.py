@@ -59,6 +59,14 @@ class Measurement:
         return cls(float("inf"), 0.0, float("inf"), 0, 0, error)
 
 
+def _iqr(samples: list[float]) -> float:
+    """Interquartile range (0 for a single sample)."""
+    if len(samples) < 2:
+        return 0.0
+    q = statistics.quantiles(samples, n=4)
+    return q[2] - q[0]
+
+
 def time_callable(fn: Callable[[], object], protocol: Protocol = Protocol()) -> Measurement:
     """Time ``fn`` by the protocol. ``fn`` must block until its work is done."""
     start = time.perf_counter()
@@ -75,8 +83,7 @@ def time_callable(fn: Callable[[], object], protocol: Protocol = Protocol()) -> 
             fn()
         walls.append((time.perf_counter() - w0) / number)
         cpus.append((time.process_time() - c0) / number)
-    q = statistics.quantiles(walls, n=4) if len(walls) > 1 else [walls[0]] * 3
-    return Measurement(statistics.median(walls), q[2] - q[0], statistics.median(cpus),
+    return Measurement(statistics.median(walls), _iqr(walls), statistics.median(cpus),
                        protocol.repeat, number, load=os.getloadavg()[0], best_s=min(walls))
 
 
@@ -96,8 +103,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int = 5,
     out = {}
     for label, ms in rows.items():
         medians = [m.median_s for m in ms]
-        q = statistics.quantiles(medians, n=4) if len(medians) > 1 else [medians[0]] * 3
-        out[label] = Measurement(statistics.median(medians), q[2] - q[0],
+        out[label] = Measurement(statistics.median(medians), _iqr(medians),
                                  statistics.median(m.cpu_s for m in ms), sum(m.repeats for m in ms),
                                  ms[0].number, load=os.getloadavg()[0],
                                  best_s=min(m.cost_s for m in ms))
