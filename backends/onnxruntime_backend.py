@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -897,16 +898,24 @@ def binding_accepted(binding: relax.Binding, opset: int = MIN_OPSET) -> bool:
         key = (opset, _binding_key(binding))
     except Exception:  # an unprintable binding is simply refused
         return False
-    with _ACCEPT_LOCK:
-        if key in _ACCEPT_CACHE:
-            return _ACCEPT_CACHE[key]
+    return probe_once(_ACCEPT_CACHE, _ACCEPT_LOCK, key, lambda: _probe(binding, opset))
+
+
+def probe_once(cache: dict, lock: threading.Lock, key: Any, probe: Callable[[], object]) -> bool:
+    """Whether ``probe()`` runs without raising, decided once per ``key`` and remembered.
+
+    Any failure (translation, checker, the runtime refusing the graph) means refuse.
+    """
+    with lock:
+        if key in cache:
+            return cache[key]
     try:
-        _probe(binding, opset)
+        probe()
         ok = True
-    except Exception:  # any failure (translation, checker, ORT) means refuse
+    except Exception:  # noqa: BLE001 - whatever the reason, the op is not accepted
         ok = False
-    with _ACCEPT_LOCK:
-        _ACCEPT_CACHE[key] = ok
+    with lock:
+        cache[key] = ok
     return ok
 
 
@@ -985,10 +994,13 @@ def make_session(model: onnx.ModelProto, threads: int) -> Any:
     raise BackendError(f"onnxruntime could not load the region: {first}") from first
 
 
-class OnnxRuntimeBackend(Backend):
-    """ONNX Runtime on CPU: graph-level, takes any convex region as one ONNX graph."""
+class OnnxGraphBackend(Backend):
+    """A graph-level CPU backend that takes a region as one ONNX graph (``relax_to_onnx``).
 
-    name = "onnxruntime"
+    onnxruntime and OpenVINO differ only in which ops they accept and how they compile
+    and bind the graph (``kernel``); the translation and its checks are shared.
+    """
+
     level = Level.COMPILER
     fusion_style = FusionStyle.ARBITRARY
     device_types = ("cpu",)
@@ -998,13 +1010,25 @@ class OnnxRuntimeBackend(Backend):
             raise BackendError(f"opset {opset} < {MIN_OPSET}")
         self.opset = opset
 
+    def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> Any:
+        if scope.device_type not in (None, *self.device_types):
+            raise BackendError(f"{self.name} backend runs on cpu, not {scope.device_type}")
+        return self.kernel(relax_to_onnx(func, self.opset), func, threads)
+
+    @abstractmethod
+    def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int) -> Any:
+        """Compile the region's ONNX graph and return its destination-passing kernel."""
+
+
+class OnnxRuntimeBackend(OnnxGraphBackend):
+    """ONNX Runtime on CPU: graph-level, takes any convex region as one ONNX graph."""
+
+    name = "onnxruntime"
+
     def accepts(self, binding: relax.Binding) -> bool:
         return binding_accepted(binding, self.opset)
 
-    def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> OrtRegionKernel:
-        if scope.device_type not in (None, *self.device_types):
-            raise BackendError(f"onnxruntime backend runs on cpu, not {scope.device_type}")
-        model = relax_to_onnx(func, self.opset)
+    def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int) -> OrtRegionKernel:
         return OrtRegionKernel(make_session(model, threads), model)
 
     def set_threads(self, threads: int) -> None:

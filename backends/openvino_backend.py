@@ -33,12 +33,19 @@ import onnx
 import tvm
 from tvm import relax
 
-from backends.base import Backend, BackendError, FusionStyle, Level, static_shape, tensor_types
+from backends.base import BackendError, static_shape, tensor_types
 from backends.kernel import BoundKernel
-from backends.onnxruntime_backend import MIN_OPSET, _binding_key, binding_accepted, relax_to_onnx
+from backends.onnxruntime_backend import (
+    MIN_OPSET,
+    OnnxGraphBackend,
+    _binding_key,
+    binding_accepted,
+    probe_once,
+    relax_to_onnx,
+)
 
 if TYPE_CHECKING:
-    from search.scopes import SEScope
+    pass
 
 # ---------------------------------------------------------------------------------------
 # Where each dtype is exact in the CPU plugin
@@ -231,17 +238,8 @@ def ov_accepts(binding: relax.Binding, opset: int = MIN_OPSET) -> bool:
     value = binding.value
     if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)):
         return True  # structural: translates to no OpenVINO op at all
-    with _ACCEPT_LOCK:
-        if key in _ACCEPT_CACHE:
-            return _ACCEPT_CACHE[key]
-    try:
-        _probe(binding, opset)
-        ok = True
-    except Exception:  # any failure (translation, OpenVINO frontend or plugin) means refuse
-        ok = False
-    with _ACCEPT_LOCK:
-        _ACCEPT_CACHE[key] = ok
-    return ok
+    # Any failure (translation, OpenVINO frontend or plugin) means refuse.
+    return probe_once(_ACCEPT_CACHE, _ACCEPT_LOCK, key, lambda: _probe(binding, opset))
 
 
 # ---------------------------------------------------------------------------------------
@@ -346,27 +344,19 @@ def _shares(tensor: Any, arr: np.ndarray) -> bool:
     return arr.size == 0 or tensor.data.ctypes.data == arr.ctypes.data
 
 
-class OpenVinoBackend(Backend):
+class OpenVinoBackend(OnnxGraphBackend):
     """OpenVINO on CPU: graph-level, takes any convex region as one compiled model."""
 
     name = "openvino"
-    level = Level.COMPILER
-    fusion_style = FusionStyle.ARBITRARY
-    device_types = ("cpu",)
 
     def __init__(self, opset: int = MIN_OPSET) -> None:
-        if opset < MIN_OPSET:
-            raise BackendError(f"opset {opset} < {MIN_OPSET}")
-        self.opset = opset
+        super().__init__(opset)
         self.threads = 1
 
     def accepts(self, binding: relax.Binding) -> bool:
         return ov_accepts(binding, self.opset)
 
-    def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> OvRegionKernel:
-        if scope.device_type not in (None, *self.device_types):
-            raise BackendError(f"openvino backend runs on cpu, not {scope.device_type}")
-        model = relax_to_onnx(func, self.opset)
+    def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int) -> OvRegionKernel:
         return OvRegionKernel(compile_onnx(model, threads), model, func)
 
     def set_threads(self, threads: int) -> None:
