@@ -471,6 +471,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Markdown and PNG plots for one tuning job."""
     from partune.report import write_report
     from search.errors import PartuneError
+    from search.plan import Plan
 
     attrs = _job(args.storage, args.study)
     model = None
@@ -480,7 +481,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             model = load_model(args)
         except PartuneError as e:  # the report still has its tables and plots without the graph
             print(f"partune: note: no graph picture ({e})", file=sys.stderr)
-    path = write_report(args.storage, args.study, Path(args.output), model)
+    path = write_report(args.storage, args.study, Plan.from_json(attrs["best_plan"]), Path(args.output), model)
     print(f"report written to {path} (with {', '.join(sorted(p.name for p in path.parent.glob('*.png')))})")
     return 0
 

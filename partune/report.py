@@ -111,10 +111,9 @@ def plot_graph(graph: DataflowGraph, plan: Plan, path: Path, per_row: int = 50) 
     plt.close(fig)
 
 
-def write_report(storage: str, study_name: str, out: Path, model=None) -> Path:
-    """Write ``out``/report.md and its PNGs for one tuning job; returns the Markdown path."""
-    study = optuna.load_study(study_name=study_name, storage=storage)
-    plan = Plan.from_json(study.user_attrs["best_plan"])
+def write_report(storage: str, study_name: str, plan: Plan, out: Path, model=None) -> Path:
+    """Write ``out``/report.md and its PNGs for the job whose emitted plan is ``plan``;
+    returns the Markdown path."""
     notes = plan.notes
     out.mkdir(parents=True, exist_ok=True)
     refine = next((s for s in optuna.get_all_study_summaries(storage)
