@@ -26,8 +26,6 @@ import numpy as np
 from search.graph import DataflowGraph
 from search.subgraph import SubGraph
 
-FEATURES = ("regions", "border bytes", "weight bytes")
-
 
 def region_features(graph: DataflowGraph, nodes: Iterable[int]) -> np.ndarray:
     """(1, bytes crossing the region's border, weight bytes it reads unless it is the whole model)."""
