@@ -381,34 +381,119 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if joined is None:
             raise PartuneError(f"--pin puts node {node} on {scope}, the model pins it to {pins[node]}")
         pins[node] = joined
-    store = MeasurementStore(args.storage, device_fingerprint(args.threads))
+    if args.workers < 1 or args.heartbeat < 1:
+        raise PartuneError("--workers and --heartbeat must be at least 1")
+    measure_timeout = parse_duration(args.measure_timeout)
+    store = MeasurementStore(args.storage, device_fingerprint(args.threads),
+                             claim_ttl_s=max(1800.0, 3 * measure_timeout), heartbeat_s=args.heartbeat)
     study_name = args.study or f"{model.name}:{','.join(backends)}"
+    peers = tuple(p for p in args.peers.split(",") if p and p != "none")
+    if unknown := [p for p in peers if p not in PEER_LABELS]:
+        raise PartuneError(f"unknown peer(s) {', '.join(unknown)}: use {', '.join(PEER_LABELS)} or none")
+    study = optuna.create_study(study_name=study_name, storage=store.storage, load_if_exists=True)
+    if not args.worker:
+        _job_started(study, args)
     previous = _previous_plan(store.storage, study_name)
     cost_model = _load_cost_model(args.cost_model)
-    bars = _Bars()
-    runner = make_runner(args.runner, parse_duration(args.measure_timeout), args.threads)
+    helpers = _start_workers(args) if args.workers > 1 else []
+    bars = _Bars() if not args.worker else None
+    runner = make_runner(args.runner, measure_timeout, args.threads)
     try:
-        peers = tuple(p for p in args.peers.split(",") if p and p != "none")
-        if unknown := [p for p in peers if p not in PEER_LABELS]:
-            raise PartuneError(f"unknown peer(s) {', '.join(unknown)}: use {', '.join(PEER_LABELS)} or none")
-        result = tune(model, backends, runner, store, threads=args.threads, pins=pins,
-                      deadline=deadline, progress=Progress(bars.start_phase, bars.advance), peers=peers,
-                      refine_trials=args.refine_trials, previous=previous, cost_model=cost_model)
+        result = tune(model, backends, runner, store, threads=args.threads, pins=pins, deadline=deadline,
+                      progress=Progress(bars.start_phase, bars.advance) if bars else None, peers=peers,
+                      refine_trials=args.refine_trials, previous=previous, cost_model=cost_model,
+                      memory=args.objective == "latency+memory", worker_only=args.worker)
+    except KeyboardInterrupt:
+        if not args.worker:
+            study.set_user_attr("stopped", time.time())
+        raise
     finally:
-        bars.close()
+        if bars:
+            bars.close()
         runner.close()
+        notes = _join_workers(helpers)
+    if args.worker:
+        print(f"worker {os.getpid()}: measured {result.measured} ({result.failed} failed), reused {result.reused}")
+        return 0
     result.plan.save(args.output)
-    study = optuna.create_study(study_name=study_name, storage=store.storage, load_if_exists=True)
+    fronts = _save_front(result, args.output)
     study.set_user_attr("best_plan", result.plan.to_json())
-    study.set_user_attr("model", os.path.abspath(args.model) if os.path.exists(args.model) else args.model)
-    if args.input_shape:
-        study.set_user_attr("input_shape", args.input_shape)
+    study.set_user_attr("finished", time.time())
+    if result.refine_study:
+        study.set_user_attr("refine_study", result.refine_study)
     print(summarise(result, model))
+    for line in notes + fronts:
+        print(line)
     if args.cost_model:
         print(_update_cost_model(args.cost_model, cost_model, result, model))
     print(f"plan written to {args.output}; study '{study.study_name}' in {args.storage}")
     print(f"deploy it: partune export --study '{study.study_name}' --storage {args.storage} -o DIR")
     return 0
+
+
+def _job_started(study, args: argparse.Namespace) -> None:
+    """What `partune status` shows of a running job: its model, budget and deadline."""
+    import time
+
+    study.set_user_attr("model", os.path.abspath(args.model) if os.path.exists(args.model) else args.model)
+    if args.input_shape:
+        study.set_user_attr("input_shape", args.input_shape)
+    study.set_user_attr("started", time.time())
+    study.set_user_attr("n_trials", args.refine_trials)
+    study.set_user_attr("objective", args.objective)
+    study.set_user_attr("deadline", time.time() + parse_duration(args.timeout) if args.timeout else None)
+    study.set_user_attr("finished", None)
+    study.set_user_attr("stopped", None)
+
+
+def _start_workers(args: argparse.Namespace) -> list:
+    """``--workers N``: N-1 more processes running this same command as helpers."""
+    import subprocess
+    import tempfile
+
+    argv, skip = [], False
+    for a in args.argv:
+        if skip:
+            skip = False
+        elif a == "--workers":
+            skip = True
+        elif not a.startswith("--workers="):
+            argv.append(a)
+    helpers = []
+    for _ in range(args.workers - 1):
+        log = tempfile.TemporaryFile()
+        proc = subprocess.Popen([sys.executable, "-m", "partune.cli", *argv, "--worker"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        helpers.append((proc, log))
+    return helpers
+
+
+def _join_workers(helpers: list) -> list[str]:
+    """Wait for the helper workers; one line each on how they ended."""
+    lines = []
+    for proc, log in helpers:
+        code = proc.wait()
+        log.seek(0)
+        tail = [ln for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
+        lines.append(tail[-1] if code == 0 and tail else f"worker {proc.pid} ended with exit code {code}: "
+                     + (tail[-1] if tail else "no output"))
+    return lines
+
+
+def _save_front(result, output: str) -> list[str]:
+    """The latency/memory Pareto front, one plan file each (PLAN.front1.json is the fastest)."""
+    if not result.front:
+        return []
+    stem = output[:-5] if output.endswith(".json") else output
+    lines = ["", "Pareto front of the refinement (latency vs peak memory; each variant in a fresh process):",
+             f"| {'plan file':<30} | {'best ms':>9} | {'peak MiB':>9} | backends |", "|" + "-" * 32 + "|" +
+             "-" * 11 + "|" + "-" * 11 + "|----------|"]
+    for i, (plan, m) in enumerate(result.front, 1):
+        path = f"{stem}.front{i}.json"
+        plan.save(path)
+        mib = f"{m.peak_bytes / 2**20:9.1f}" if m.peak_bytes is not None else f"{'-':>9}"
+        lines.append(f"| {path[-30:]:<30} | {m.cost_s * 1e3:9.3f} | {mib} | {'+'.join(plan.backends)} |")
+    return lines
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -444,27 +529,57 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Every tuning job in a storage: its model, emitted plan and standing against the peers."""
+    """Every tuning job in a storage: progress, time left, emitted plan and its standing."""
+    import time
+
     from search.store import STUDY_PREFIX
 
     summaries = _study_summaries(args.storage)
     stores = [s for s in summaries if s.study_name.startswith(STUDY_PREFIX)]
-    jobs = [s for s in summaries if "best_plan" in s.user_attrs]
+    trials = {s.study_name: s.n_trials for s in summaries}
+    jobs = [s for s in summaries if "best_plan" in s.user_attrs or "started" in s.user_attrs]
     print(f"{args.storage}: {sum(s.n_trials for s in stores)} measurements on {len(stores)} device(s), "
           f"{len(jobs)} tuning job(s)")
     if not jobs:
         return 0
-    print(f"| {'study':<50} | {'emitted plan':<22} | {'backends':<24} | {'ms':>8} | {'x best peer':>11} |")
-    print("|" + "|".join("-" * w for w in (52, 24, 26, 10, 13)) + "|")
+    print(f"| {'study':<40} | {'state':<16} | {'refined':>7} | {'emitted plan':<22} | {'backends':<24} | "
+          f"{'ms':>8} | {'x best peer':>11} |")
+    print("|" + "|".join("-" * w for w in (42, 18, 9, 24, 26, 10, 13)) + "|")
+    now = time.time()
     for s in sorted(jobs, key=lambda s: s.datetime_start or 0):
-        plan = s.user_attrs["best_plan"]
+        attrs = s.user_attrs
+        if attrs.get("finished") or "started" not in attrs:
+            state = "done"
+        elif (attrs.get("stopped") or 0) > attrs["started"]:
+            state = "stopped (resumable)"
+        elif attrs.get("deadline"):
+            left = attrs["deadline"] - now
+            state = f"running, {_duration(left)} left" if left > 0 else "running, overtime"
+        else:
+            state = f"running {_duration(now - attrs['started'])}"
+        refined = (f"{trials.get(attrs['refine_study'], 0)}/{attrs.get('n_trials', '?')}"
+                   if attrs.get("refine_study") else "-")
+        plan = attrs.get("best_plan")
+        if plan is None:
+            print(f"| {s.study_name[:40]:<40} | {state[:16]:<16} | {refined:>7} | {'(none yet)':<22} | "
+                  f"{'-':<24} | {'-':>8} | {'-':>11} |")
+            continue
         notes = plan.get("notes", {})
         backends = "+".join(sorted({r["scope"]["backend"] for r in plan["regions"]}))
         ms = notes.get("verdict_median_s", {}).get(notes.get("chosen_as"), notes.get("measured_s", float("nan")))
         x = notes.get("speedup_vs_best_peer")
-        print(f"| {s.study_name[:50]:<50} | {str(notes.get('chosen_as', '?'))[:22]:<22} | {backends[:24]:<24} | "
+        print(f"| {s.study_name[:40]:<40} | {state[:16]:<16} | {refined:>7} | "
+              f"{str(notes.get('chosen_as', '?'))[:22]:<22} | {backends[:24]:<24} | "
               f"{ms * 1e3:8.3f} | {(f'{x:.2f}x' if x else '-'):>11} |")
     return 0
+
+
+def _duration(seconds: float) -> str:
+    """3h12m, 4m05s, 12s: for people."""
+    s = int(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -481,7 +596,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             model = load_model(args)
         except PartuneError as e:  # the report still has its tables and plots without the graph
             print(f"partune: note: no graph picture ({e})", file=sys.stderr)
-    path = write_report(args.storage, args.study, Plan.from_json(attrs["best_plan"]), Path(args.output), model)
+    path = write_report(args.storage, args.study, Plan.from_json(attrs["best_plan"]), Path(args.output), model,
+                        attrs.get("refine_study"))
     print(f"report written to {path} (with {', '.join(sorted(p.name for p in path.parent.glob('*.png')))})")
     return 0
 
@@ -610,15 +726,29 @@ def build_parser() -> argparse.ArgumentParser:
                         "postgresql://... for many workers)")
     t.add_argument("--study", help="name of this tuning job in the storage (default MODEL:BACKENDS)")
     t.add_argument("--runner", default="local", help="local, or rpc://HOST:PORT/KEY for a TVM RPC tracker")
-    t.add_argument("--timeout", help="stop measuring candidates after this long (e.g. 30m, 8h)")
+    t.add_argument("--timeout", help="time budget of the search (e.g. 30m, 8h): candidate measuring and "
+                   "refinement stop when it is spent, then the best plan so far meets the peers and is written")
     t.add_argument("--measure-timeout", default="120s",
                    help="limit for one measurement; a hang costs that candidate (default 120s)")
     t.add_argument("--pin", action="append", metavar="SELECTOR=BACKEND",
                    help="keep nodes on a backend: a node index, a range a-b, or an op name (repeatable)")
-    t.add_argument("--refine-trials", type=int, default=8, metavar="N",
-                   help="after the DP: N plan variants (move a region to another backend, merge "
-                        "neighbours) proposed by Optuna TPE and measured end to end; resumable; "
-                        "0 to skip (default 8)")
+    t.add_argument("--n-trials", "--refine-trials", dest="refine_trials", type=int, default=8, metavar="N",
+                   help="after the DP: the refinement study holds N plan variants (move a region to "
+                        "another backend, merge neighbours), proposed by Optuna and measured end to end; "
+                        "resumable, shared by all workers; raise it for overnight jobs; 0 to skip (default 8)")
+    t.add_argument("--objective", choices=("latency", "latency+memory"), default="latency",
+                   help="what refinement minimises: latency (TPE), or latency and peak memory "
+                        "(NSGA-II; each variant measured in a fresh process; the Pareto front is "
+                        "reported and written as PLAN.frontN.json)")
+    t.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="N processes share this search (claimed measurements, one Optuna study): "
+                        "worth it with an RPC runner or many cores; on a small machine parallel "
+                        "timing is noisy (default 1). Separate `partune tune` runs on one --storage "
+                        "share the work the same way")
+    t.add_argument("--heartbeat", type=int, default=60, metavar="S",
+                   help="refinement trials beat every S seconds; a trial silent for 2S (a killed "
+                        "worker) is failed and retried (default 60)")
+    t.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a helper started by --workers
     t.add_argument("--cost-model", metavar="FILE",
                    help="an XGBoost cost model (see `partune costmodel eval --save`): measure only the "
                         "3 most promising candidates per DP frontier plus 10%% at random; the DP uses "
@@ -682,7 +812,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch.export chatter
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # `tune --workers N` starts helpers with the same command
     if args.threads < 1:
         print("partune: error: --threads must be at least 1", file=sys.stderr)
         return EXIT_USAGE

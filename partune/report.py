@@ -111,19 +111,42 @@ def plot_graph(graph: DataflowGraph, plan: Plan, path: Path, per_row: int = 50) 
     plt.close(fig)
 
 
-def write_report(storage: str, study_name: str, plan: Plan, out: Path, model=None) -> Path:
-    """Write ``out``/report.md and its PNGs for the job whose emitted plan is ``plan``;
-    returns the Markdown path."""
+def plot_pareto(points: list[tuple[float, float]], front: list[dict], path: Path) -> None:
+    """Latency against peak memory: every refinement trial, and the Pareto front."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([t * 1e3 for t, _ in points], [m for _, m in points], "o",
+            color="#999999", label="variant")
+    fx = [f["latency_s"] * 1e3 for f in front]
+    fy = [f["peak_bytes"] / 2**20 for f in front]
+    ax.step(fx, fy, "-o", where="post", color="#d62728", label="Pareto front")
+    ax.set_xlabel("latency, ms (best sample)")
+    ax.set_ylabel("peak memory, MiB")
+    ax.set_title("Refinement: latency vs memory (NSGA-II)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(storage: str, study_name: str, plan: Plan, out: Path, model=None,
+                 refine_study: str | None = None) -> Path:
+    """Write ``out``/report.md and its PNGs for the job whose emitted plan is ``plan``
+    (``refine_study``: the job's refinement study); returns the Markdown path."""
     notes = plan.notes
     out.mkdir(parents=True, exist_ok=True)
-    refine = next((s for s in optuna.get_all_study_summaries(storage)
-                   if s.study_name.startswith(f"refine:{plan.fingerprint}:")), None)
-    refine_values = []
-    if refine is not None:
-        trials = optuna.load_study(study_name=refine.study_name, storage=storage).trials
-        refine_values = [t.value for t in trials if t.state == optuna.trial.TrialState.COMPLETE
-                         and t.value is not None and t.value != float("inf")]
-    plot_history(notes.get("end_to_end_s", {}), refine_values, out / "history.png")
+    trials = []
+    if refine_study is not None:
+        trials = [t for t in optuna.load_study(study_name=refine_study, storage=storage).trials
+                  if t.state == optuna.trial.TrialState.COMPLETE and all(v < float("inf") for v in t.values)]
+    plot_history(notes.get("end_to_end_s", {}), [t.values[0] for t in trials], out / "history.png")
+    front = [f for f in notes.get("pareto_front", []) if f.get("peak_bytes") is not None]
+    if front:
+        plot_pareto([(t.values[0], t.values[1]) for t in trials if len(t.values) > 1], front, out / "pareto.png")
     shares = plot_shares(plan, out / "shares.png")
     if model is not None:
         plot_graph(model.graph, plan, out / "graph.png")
@@ -148,6 +171,14 @@ def write_report(storage: str, study_name: str, plan: Plan, out: Path, model=Non
     total = sum(t for _, t in shares.values()) or 1.0
     lines += [f"| {b} | {n} | {t / total:.1%} |" for b, (n, t) in sorted(shares.items())]
     lines += ["", "![shares](shares.png)", ""]
+    if front:
+        lines += ["## Latency vs peak memory (Pareto front)", "",
+                  "Each variant measured in a fresh process; memory is what the built plan keeps "
+                  "resident plus what its runs add.", "",
+                  "| plan file | best ms | peak MiB | backends |", "|---|---|---|---|"]
+        lines += [f"| PLAN.front{i}.json | {f['latency_s'] * 1e3:.3f} | {f['peak_bytes'] / 2**20:.1f} | "
+                  f"{'+'.join(f['backends'])} |" for i, f in enumerate(front, 1)]
+        lines += ["", "![pareto](pareto.png)", ""]
     if model is not None:
         lines += ["## The model by backend", "", "![graph](graph.png)", ""]
     path = out / "report.md"

@@ -116,11 +116,15 @@ def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ..
 
 
 def plan_request(module_json: str, plan: Plan, inputs: list[np.ndarray],
-                 protocol: dict | None = None) -> dict:
-    """A request to build and time the whole model (``tvm.ir.save_json`` text) under ``plan``."""
+                 protocol: dict | None = None, fresh: bool = False) -> dict:
+    """A request to build and time the whole model (``tvm.ir.save_json`` text) under ``plan``.
+
+    ``fresh``: measure in a new worker process, so the peak memory reported is this
+    plan's alone (a local runner restarts its worker; slower by the worker's start-up).
+    """
     from runners.worker import encode_array
 
-    return {"kind": "plan", "module": module_json, "plan": plan.to_json(),
+    return {"kind": "plan", "module": module_json, "plan": plan.to_json(), "fresh": fresh,
             "inputs": [encode_array(a) for a in inputs], "protocol": protocol or {}}
 
 

@@ -79,6 +79,8 @@ class LocalRunner(Runner):
 
     def exchange(self, request: dict, timeout_s: float | None = None) -> dict:
         request = dict(request, threads=self.threads)
+        if request.get("fresh"):
+            self.close()  # a new worker: nothing an earlier request left behind counts
         data = pickle.dumps(request)
         limit = timeout_s or self.timeout_s
         try:

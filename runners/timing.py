@@ -39,6 +39,7 @@ class Measurement:
     error: str | None = None
     load: float | None = None  # 1-minute load average at measurement time
     best_s: float | None = None  # fastest sample
+    peak_bytes: int | None = None  # resident memory the build and the runs added (whole plans)
 
     @property
     def ok(self) -> bool:

@@ -8,12 +8,14 @@ A crash or hang here costs the request, never the search that sent it.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import traceback
 
 import numpy as np
 
+from runners import memory
 from runners.timing import Measurement, Protocol, time_callable
 from search.errors import last_line
 
@@ -78,9 +80,32 @@ def measure_plan(req: dict) -> Measurement:
     mod = tvm.ir.load_json(req["module"])
     plan = Plan.from_json(req["plan"])
     graph = DataflowGraph.from_function(mod["main"])
-    built = build_plan(plan, mod, graph)
     inputs = [decode_array(a) for a in req["inputs"]]
-    return time_callable(built.prepare(inputs), _protocol(req))
+    if req.get("fresh"):
+        _warm_up(plan)
+    memory.trim()
+    before = memory.resident_bytes()
+    run = build_plan(plan, mod, graph).prepare(inputs)
+    memory.trim()  # the compilers' freed memory is not the plan's
+    reset = memory.reset_peak()
+    m = time_callable(run, _protocol(req))
+    peak = memory.peak_bytes()
+    footprint = peak - before if reset and peak is not None and before is not None else None
+    return dataclasses.replace(m, peak_bytes=footprint)
+
+
+def _warm_up(plan) -> None:
+    """Load each backend of ``plan`` and its compiler on a one-op model first, so that the
+    footprint measured next is the plan's own, not the libraries' code every plan loads."""
+    from runners.builder import build_plan, calibration_module
+    from search.graph import DataflowGraph
+    from search.plan import Plan, Region
+
+    mod = calibration_module()
+    graph = DataflowGraph.from_function(mod["main"])
+    for scope in {r.scope for r in plan.regions}:
+        one = Plan("warm-up", graph.fingerprint, plan.config, (Region((0,), scope),))
+        build_plan(one, mod, graph)([np.ones(1, "float32")])
 
 
 def measure_compare(req: dict) -> dict[str, Measurement]:

@@ -14,12 +14,16 @@ resumes. Every variant is measured by the caller's ``measure`` (stored, never tw
 from __future__ import annotations
 
 import math
+import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
+from optuna.trial import TrialState
 
 from runners.timing import Measurement
+from search.claims import worker_id
 from search.graph import DataflowGraph
 from search.plan import Plan, Region, region_order
 from search.scopes import CompilationConfig
@@ -30,11 +34,13 @@ KEEP = "keep"
 
 @dataclass(frozen=True)
 class Refined:
-    plan: Plan
+    plan: Plan  # the fastest variant measured
     measurement: Measurement
-    trials: int  # trials in the study, earlier runs included
+    trials: int  # trials in the study, earlier runs and other workers included
+    front: tuple[tuple[Plan, Measurement], ...] = ()  # latency+memory: the Pareto front, fastest first
 
 
+POLL_S = 2.0  # how often a worker whose budget is spent looks at other workers' trials
 NATIVE_MOVE_MAX_NODES = 4  # larger regions moved to native TVM are slow to build and to run
 
 
@@ -75,51 +81,108 @@ def variant(graph: DataflowGraph, base: Plan, config: CompilationConfig, params:
     return plan
 
 
-def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted: dict[str, set[int]],
-           measure: Callable[[Plan], Measurement], storage: optuna.storages.BaseStorage, study_name: str,
-           n_trials: int, seed: int = 0) -> Refined | None:
-    """Run the study until it holds ``n_trials`` trials; the fastest variant measured.
-
-    ``accepted`` maps each backend on offer to the nodes it accepts; ``measure`` times a
-    whole plan (and should store what it measures).
-    """
-    choices = _choices(base, config, accepted)
-    sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True)
-    study = optuna.create_study(study_name=study_name, storage=storage, sampler=sampler,
-                                direction="minimize", load_if_exists=True)
-    if not study.trials:
-        study.enqueue_trial({**{f"r{i}": KEEP for i in range(len(choices))},  # the DP plan
-                             **{f"merge{i}": False for i in range(1, len(choices))}})
-        for b in accepted:
-            if b == config.default.backend:
-                continue  # the tvm-only plan was measured already
+def _seed(study: optuna.Study, choices: list[list[str]], accepted: dict[str, set[int]], native: str) -> None:
+    """Queue the DP plan and, per backend, "everything it accepts moves to it"."""
+    study.enqueue_trial({**{f"r{i}": KEEP for i in range(len(choices))},  # the DP plan
+                         **{f"merge{i}": False for i in range(1, len(choices))}})
+    for b in accepted:
+        if b != native:  # the tvm-only plan was measured already
             study.enqueue_trial({**{f"r{i}": b if b in c else KEEP for i, c in enumerate(choices)},
                                  **{f"merge{i}": True for i in range(1, len(choices))}})
+
+
+def _budget_left(study: optuna.Study, n_trials: int) -> bool:
+    """Whether the study still needs trials: finished and running ones (any worker's) count.
+
+    Trials a killed worker left RUNNING are failed first (heartbeats; the storage's
+    failed-trial callback queues them again), so they neither count nor stay zombies.
+    Workers that check at the same moment may overshoot the budget by one trial each.
+    """
+    with warnings.catch_warnings():  # experimental in Optuna, stable in use since 2.9
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)  # a no-op on storage without heartbeats
+    counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    return len(study.get_trials(deepcopy=False, states=counted)) < n_trials
+
+
+def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted: dict[str, set[int]],
+           measure: Callable[[Plan], Measurement], storage: optuna.storages.BaseStorage, study_name: str,
+           n_trials: int, *, seed: int = 0, deadline: float | None = None, memory: bool = False,
+           claim: Callable[[str], bool] | None = None) -> Refined | None:
+    """Run the study until it holds ``n_trials`` trials (or ``deadline``, ``time.monotonic``,
+    passes); the fastest variant measured, and with ``memory`` the Pareto front.
+
+    ``accepted`` maps each backend on offer to the nodes it accepts; ``measure`` times a
+    whole plan (and should store what it measures; with ``memory`` it must report
+    ``peak_bytes``). Several workers may run this on one study at once: ``claim``
+    (``Claims.claim``) lets only one of them queue the seeds, Optuna hands each trial to
+    one worker, and the budget counts every worker's trials. With ``memory`` the study
+    has two objectives, latency and peak memory, and NSGA-II proposes the variants.
+    """
+    choices = _choices(base, config, accepted)
+    if memory:
+        sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(20, n_trials // 2)))
+        directions = ["minimize", "minimize"]
+    else:
+        sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True)
+        directions = ["minimize"]
+    study = optuna.create_study(study_name=study_name, storage=storage, sampler=sampler,
+                                directions=directions, load_if_exists=True)
+    if not study.trials and (claim is None or claim(f"seeds:{study_name}")):
+        _seed(study, choices, accepted, config.default.backend)
     plans: dict[int, tuple[Plan, Measurement]] = {}
 
-    def objective(trial: optuna.Trial) -> float:
+    def objective(trial: optuna.Trial) -> float | tuple[float, float]:
         params = {f"r{i}": trial.suggest_categorical(f"r{i}", c) for i, c in enumerate(choices)}
         params |= {f"merge{i}": trial.suggest_categorical(f"merge{i}", [False, True])
                    for i in range(1, len(choices))}
+        trial.set_user_attr("worker", worker_id())
         plan = variant(graph, base, config, params)
         if plan is None:
             raise optuna.TrialPruned("merged regions would form a cycle")
         m = measure(plan)
         plans[trial.number] = (plan, m)
-        return m.cost_s if m.ok else math.inf
+        return _values(m, memory)
 
-    todo = n_trials - len([t for t in study.trials if t.state.is_finished()])
-    if todo > 0:
-        study.optimize(objective, n_trials=todo, catch=())
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and math.isfinite(t.value)]
+    # Until the budget is spent and no trial runs: other workers' last trials may still beat
+    # ours, and one of them may turn out dead (its trial is failed on a stale heartbeat,
+    # queued again, and run here). Without heartbeats a dead worker's trial would run forever.
+    heartbeats = bool(getattr(storage, "heartbeat_interval", None))
+    while deadline is None or time.monotonic() < deadline:
+        if _budget_left(study, n_trials):
+            study.optimize(objective, n_trials=1, catch=())
+        elif heartbeats and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            time.sleep(POLL_S)
+        else:
+            break
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if all(math.isfinite(v) for v in t.values)]
     if not done:
         return None
-    best = min(done, key=lambda t: t.value)
-    if best.number in plans:
-        plan, m = plans[best.number]
-    else:  # found by an earlier run: rebuild it; measure() answers from the store
-        plan = variant(graph, base, config, best.params)
-        if plan is None:
-            return None
-        m = measure(plan)
-    return Refined(plan, m, len(study.trials))
+
+    def rebuilt(t: optuna.trial.FrozenTrial) -> tuple[Plan, Measurement] | None:
+        if t.number in plans:
+            return plans[t.number]
+        plan = variant(graph, base, config, t.params)  # another run's or worker's trial:
+        return None if plan is None else (plan, measure(plan))  # measure() answers from the store
+
+    front: tuple[tuple[Plan, Measurement], ...] = ()
+    if memory:
+        on_front = {t.number for t in study.best_trials}
+        unique: dict[tuple, tuple[Plan, Measurement]] = {}  # variants spelled differently, one plan
+        for t in sorted(done, key=lambda t: t.values):
+            if t.number in on_front and (pm := rebuilt(t)) is not None:
+                unique.setdefault(tuple((r.nodes, r.backend) for r in pm[0].regions), pm)
+        front = tuple(unique.values())
+    best = rebuilt(min(done, key=lambda t: t.values[0]))
+    if best is None:
+        return None
+    return Refined(best[0], best[1], len(study.trials), front)
+
+
+def _values(m: Measurement, memory: bool) -> float | tuple[float, float]:
+    """The objective values of one measured variant: seconds, and with ``memory`` MiB."""
+    if not memory:
+        return m.cost_s if m.ok else math.inf
+    mib = m.peak_bytes / 2**20 if m.ok and m.peak_bytes is not None else math.inf
+    return (m.cost_s if m.ok else math.inf), mib

@@ -14,14 +14,21 @@ import json
 import logging
 import os
 import platform
+import time
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
+import sqlalchemy
 
 from runners.timing import Measurement
+from search.claims import Claims
 from search.errors import PartuneError
 
 STUDY_PREFIX = "partune-measurements/"
+OPEN_ATTEMPTS = 3  # a new database: workers starting together race to create its tables
+POLL_S = 2.0  # how often a worker waiting on another worker's measurement looks again
 
 
 def device_fingerprint(threads: int) -> str:
@@ -48,13 +55,30 @@ class StoredMeasurement:
 class MeasurementStore:
     """A dict-like view of the measurements on one device, backed by Optuna storage."""
 
-    def __init__(self, storage_url: str, device: str) -> None:
+    def __init__(self, storage_url: str, device: str, claim_ttl_s: float = 1800.0,
+                 heartbeat_s: int | None = 60) -> None:
+        """``claim_ttl_s``: how long a key claimed by a worker that died stays blocked.
+        ``heartbeat_s``: Optuna heartbeats for studies run on this storage (refinement),
+        so a trial left RUNNING by a killed worker is failed and retried."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
-        try:
-            self.storage = optuna.storages.RDBStorage(storage_url, engine_kwargs=_engine_kwargs(storage_url))
-        except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
-            raise PartuneError(f"cannot open storage {storage_url}: {str(e).splitlines()[0][:160]}") from e
+        heartbeat = {}
+        if heartbeat_s:
+            heartbeat = {"heartbeat_interval": heartbeat_s, "grace_period": 2 * heartbeat_s,
+                         "heartbeat_stale_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)}
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                self.storage = optuna.storages.RDBStorage(storage_url, engine_kwargs=_engine_kwargs(storage_url),
+                                                          **heartbeat)
+                self.claims = Claims(self.storage.engine, claim_ttl_s)
+                break
+            except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
+                # Workers starting together on a new database race to create its tables.
+                racing = isinstance(e, sqlalchemy.exc.IntegrityError | sqlalchemy.exc.OperationalError)
+                if not racing or attempt + 1 == OPEN_ATTEMPTS:
+                    raise PartuneError(f"cannot open storage {storage_url}: {str(e).splitlines()[0][:160]}") from e
+                time.sleep(1.0)
         self.device = device
         self.study = optuna.create_study(study_name=STUDY_PREFIX + device, storage=self.storage,
                                          load_if_exists=True)
@@ -87,6 +111,31 @@ class MeasurementStore:
             user_attrs={"key": key, "m": m.to_json(), "label": label, "pid": os.getpid()})
         self.study.add_trial(trial)
         self._cache[key] = m
+
+    def obtain(self, key: str, take: Callable[[], Measurement], label: str = "",
+               deadline: float | None = None) -> tuple[Measurement | None, bool]:
+        """The measurement under ``key`` and whether this call took it.
+
+        Stored already: returned. Otherwise this worker claims the key and takes it, or,
+        when another worker holds the claim, waits for that worker's result (or for its
+        claim to expire). None only when ``deadline`` (``time.monotonic``) passes first.
+        """
+        while True:
+            if key in self._cache:
+                return self._cache[key], False
+            if self.claims.claim(key):
+                try:
+                    m = take()
+                except BaseException:
+                    self.claims.release(key)
+                    raise
+                self.put(key, m, label)
+                self.claims.done(key)
+                return m, True
+            if deadline is not None and time.monotonic() > deadline:
+                return None, False
+            time.sleep(POLL_S)
+            self.refresh()
 
 
 def _engine_kwargs(url: str) -> dict:

@@ -49,7 +49,7 @@ from search.graph import DataflowGraph
 from search.plan import Plan, Region
 from search.refine import refine
 from search.scopes import CompilationConfig, SEScope
-from search.store import MeasurementStore
+from search.store import POLL_S, MeasurementStore
 from search.subgraph import SubGraph
 
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
@@ -102,6 +102,8 @@ class TuneResult:
     skipped: int = 0  # candidates the cost model ranked out of measuring
     trained: list = field(default_factory=list)  # (candidate, measurement) taken this run
     peers: tuple[str, ...] = ()  # which verdict labels are peers (not Partune plans)
+    refine_study: str | None = None  # the Optuna study of the refinement
+    front: tuple = ()  # latency+memory refinement: the Pareto front, (Plan, Measurement), fastest first
 
     @property
     def best_peer(self) -> str | None:
@@ -112,7 +114,8 @@ class TuneResult:
 def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
          threads: int = 1, pins: dict[int, SEScope] | None = None, deadline: float | None = None,
          progress: Progress | None = None, peers: tuple[str, ...] = ("onnxruntime", "torch.compile"),
-         refine_trials: int = 0, previous: Plan | None = None, cost_model=None) -> TuneResult:
+         refine_trials: int = 0, previous: Plan | None = None, cost_model=None, memory: bool = False,
+         worker_only: bool = False) -> TuneResult:
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
     ``previous`` is the plan an earlier run of the same job emitted: it competes again.
@@ -120,7 +123,11 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     each DP frontier are measured (``_prune``); the rest enter the DP with predicted costs,
     and any the DP picks are measured before its plan counts.
     ``refine_trials`` plan variants around the DP's plan are measured end to end by an
-    Optuna study (``search.refine``). ``peers`` are the tools a user would pick instead
+    Optuna study (``search.refine``); with ``memory`` NSGA-II searches latency and peak
+    memory, and the Pareto front is in the result. ``deadline`` (``time.monotonic``)
+    stops candidate measuring and refinement; the verdict still runs. Several processes
+    may run this on one storage at once: measurements are claimed (``Store.obtain``), so
+    none is taken twice, and ``worker_only`` processes stop after refinement. ``peers`` are the tools a user would pick instead
     (``runners.peers``): the finalist plans meet them in one interleaved comparison, and
     the emitted plan is the fastest plan of that comparison, with its standing against
     the best peer in its notes.
@@ -149,15 +156,25 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         if batch and values is None:
             values = _capture(model, backends, result, progress) or {}
         progress.start_phase("measure candidates", len(batch))
-        for key, c in batch.items():
+        # Keys another worker holds are left for last: by then they are usually stored.
+        held = {k for k in batch if store.claims.holder(k) is not None}
+        for key in [k for k in batch if k not in held] + [k for k in batch if k in held]:
+            c = batch[key]
             if deadline is not None and time.monotonic() > deadline:
                 result.timed_out = True
                 break
-            m = runner.run(region_request(mod, graph, c.subgraph.nodes, c.scope, CANDIDATE_PROTOCOL, values or None))
-            store.put(key, m, f"{model.name} {c}")
-            result.measured += 1
-            result.failed += not m.ok
-            result.trained.append((c, m))
+            m, took = store.obtain(key, lambda c=c: runner.run(region_request(
+                mod, graph, c.subgraph.nodes, c.scope, CANDIDATE_PROTOCOL, values or None)),
+                f"{model.name} {c}", deadline)
+            if m is None:
+                result.timed_out = True
+                break
+            if took:
+                result.measured += 1
+                result.failed += not m.ok
+                result.trained.append((c, m))
+            else:
+                result.reused += 1
             progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
 
     measure_candidates(todo)
@@ -230,16 +247,13 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         offer(f"{b}-only", backend_plan(model.name, mod, graph, config, b), always=True)
     module_json = tvm.ir.save_json(mod)
 
-    def measure(plan: Plan, label: str) -> Measurement:
-        key = plan_key(plan)
-        m = store.get(key)
-        if m is None:
-            m = runner.run(plan_request(module_json, plan, model.inputs, PLAN_PROTOCOL))
-            store.put(key, m, f"{model.name} {label}")
-            result.measured += 1
-            result.failed += not m.ok
-        else:
-            result.reused += 1
+    def measure(plan: Plan, label: str, fresh: bool = False) -> Measurement:
+        """``fresh``: in a new worker process, so its peak memory is this plan's alone."""
+        m, took = store.obtain(plan_key(plan) + (":fresh" if fresh else ""), lambda: runner.run(plan_request(
+            module_json, plan, model.inputs, PLAN_PROTOCOL, fresh)), f"{model.name} {label}")
+        result.measured += took
+        result.failed += took and not m.ok
+        result.reused += not took
         progress.advance(f"{label}: " + (f"{m.cost_s * 1e3:.3f} ms" if m.ok else "failed"))
         return m
 
@@ -287,13 +301,20 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         feats = sum(region_features(graph, r.nodes) for r in result.dp_plan.regions)
         result.dp_label, result.dp_estimate_s = dp_label, isolated + held_out.extra_s(feats)
     if refine_trials > 0 and result.dp_plan is not None:
-        progress.start_phase("refine plans end to end (Optuna)", refine_trials)
+        progress.start_phase("refine plans end to end (Optuna" + (", NSGA-II)" if memory else ")"), refine_trials)
         accepted = {b: accepted_nodes(mod["main"], b) for b in backends}
-        name = f"refine:{graph.fingerprint}:{plan_key(result.dp_plan)}"
-        refined = refine(graph, result.dp_plan, config, accepted, lambda p: measure(p, "refine variant"),
-                         store.storage, name, refine_trials)
-        if refined is not None and offer("partune refined", refined.plan):
-            result.end_to_end["partune refined"] = refined.measurement
+        result.refine_study = refine_study_name(graph, result.dp_plan, memory)
+        refined = refine(graph, result.dp_plan, config, accepted,
+                         lambda p: measure(p, "refine variant", fresh=memory), store.storage,
+                         result.refine_study, refine_trials, deadline=deadline, memory=memory,
+                         claim=store.claims.claim)
+        if refined is not None:
+            result.front = refined.front
+            if offer("partune refined", refined.plan):
+                result.end_to_end["partune refined"] = refined.measurement
+    if worker_only:  # a helper worker: the primary takes it from here
+        result.search_s = time.monotonic() - start
+        return result
     if previous is not None and previous.fingerprint == graph.fingerprint:
         if offer("previous best", previous):  # a resumed job never emits worse than before
             end_to_end("previous best", previous)
@@ -327,12 +348,20 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     if result.dp_label is not None:
         notes |= {"dp_label": result.dp_label, "dp_estimate_s": result.dp_estimate_s,
                   "border_model": result.border.describe()}
+    if result.front:
+        notes["pareto_front"] = [{"latency_s": m.cost_s, "peak_bytes": m.peak_bytes, "backends": list(p.backends),
+                                  "regions": len(p.regions)} for p, m in result.front]
     if (peer := result.best_peer) is not None and best in judged:
         ratio = result.verdict[peer].median_s / judged[best].median_s
         notes |= {"best_peer": peer, "speedup_vs_best_peer": ratio, "beats_best_peer": ratio >= 1.0}
     result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, regions, notes=notes)
     result.search_s = time.monotonic() - start
     return result
+
+
+def refine_study_name(graph: DataflowGraph, dp_plan: Plan, memory: bool) -> str:
+    """The refinement study of a model's DP plan (the same for every worker and every rerun)."""
+    return f"refine:{graph.fingerprint}:{plan_key(dp_plan)}" + (":latency+memory" if memory else "")
 
 
 def _prune(graph: DataflowGraph, cands: list[Candidate], todo: dict[str, Candidate], cost_model
@@ -388,16 +417,21 @@ def _verdict(model, module_json: str, finalists: dict[str, Plan], peers: tuple[s
     key = "verdict:" + hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:24] + ":"
     labels = list(finalists) + [peer_label(p, model) for p in wanted]
     progress.start_phase("plans vs peers, interleaved", 1)
-    if all(key + label in store for label in labels):
+    while not all(key + label in store for label in labels):
+        if store.claims.claim(key):  # one worker times the verdict; the others wait for it
+            specs = peer_specs(model, wanted)
+            request = compare_request(module_json, finalists, specs, model.inputs, VERDICT_ROUNDS)
+            result.verdict = runner.compare(request, timeout_s=max(VERDICT_TIMEOUT_S, runner.timeout_s))
+            for label, m in result.verdict.items():
+                store.put(key + label, m, f"{model.name} verdict {label}")
+            store.claims.done(key)
+            result.measured += len(result.verdict)
+            break
+        time.sleep(POLL_S)
+        store.refresh()
+    else:
         result.verdict = {label: store.get(key + label) for label in labels}
         result.reused += len(labels)
-    else:
-        specs = peer_specs(model, wanted)
-        request = compare_request(module_json, finalists, specs, model.inputs, VERDICT_ROUNDS)
-        result.verdict = runner.compare(request, timeout_s=max(VERDICT_TIMEOUT_S, runner.timeout_s))
-        for label, m in result.verdict.items():
-            store.put(key + label, m, f"{model.name} verdict {label}")
-        result.measured += len(result.verdict)
     result.peers = tuple(peer_label(p, model) for p in wanted)
     best = min((m.median_s for m in result.verdict.values() if m.ok), default=float("nan"))
     progress.advance(f"fastest median {best * 1e3:.3f} ms")
@@ -416,13 +450,10 @@ def calibrate(runner: Runner, store: MeasurementStore, config: CompilationConfig
     graph = DataflowGraph.from_function(calibration_module()["main"])
 
     def measured(key: str, request: dict, label: str) -> float | None:
-        if key in store:
-            result.reused += 1
-        else:
-            store.put(key, runner.run(request), label)
-            result.measured += 1
-        m = store.get(key)
-        return m.cost_s if m is not None and m.ok else None
+        m, took = store.obtain(key, lambda: runner.run(request), label)
+        result.measured += took
+        result.reused += not took
+        return m.cost_s if m.ok else None
 
     isolated, whole = {}, {}
     for scope in config.primitives:

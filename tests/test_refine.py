@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import optuna
+from optuna.storages import RetryFailedTrialCallback
+from optuna.trial import TrialState
 
 from runners.timing import Measurement
 from search.graph import DataflowGraph
@@ -15,6 +24,7 @@ CONFIG = CompilationConfig.for_cpu(["tvm", "onnxruntime"])
 GRAPH = DataflowGraph.from_function(Diamond["main"])  # relu -> (exp, tanh) -> add
 BASE = Plan("diamond", GRAPH.fingerprint, CONFIG, tuple(
     Region((n,), CONFIG.scope_for("tvm")) for n in range(4)))
+ROOT = Path(__file__).resolve().parent.parent
 ACCEPTED = {"tvm": {0, 1, 2, 3}, "onnxruntime": {0, 1, 2, 3}}
 
 
@@ -64,3 +74,64 @@ def test_merges_that_would_break_convexity_are_not_made():
     assert plan is not None and all(r.nodes != (0, 3) for r in plan.regions)
     merged = variant(GRAPH, BASE, CONFIG, {f"r{i}": "onnxruntime" for i in range(4)} | {"merge1": True})
     assert merged is not None and merged.regions[0].nodes == (0, 1)  # neighbours in order do merge
+
+
+def _worker(url: str, log, n: int, slow_at: int = -1) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.refine_worker", url, "shared", str(n), str(log),
+                             str(slow_at)], cwd=ROOT)
+
+
+def _trials(url: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name="shared", storage=url).get_trials(deepcopy=False)
+
+
+def test_two_workers_share_one_study_with_no_duplicate_work(tmp_path):
+    url, log = f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "taken.log"
+    workers = [_worker(url, log, 10) for _ in range(2)]
+    assert [w.wait(timeout=180) for w in workers] == [0, 0]
+    trials = _trials(url)
+    done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert 10 <= len(done) <= 11  # the budget, shared (each worker may start one last trial at once)
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    taken = [ln.split() for ln in log.read_text().splitlines()]
+    keys = [k for _, k in taken]
+    assert len(keys) == len(set(keys))  # no plan measured twice, whichever worker proposed it
+    assert len({t.user_attrs["worker"] for t in done}) == 2  # both workers ran trials
+
+
+def test_a_killed_workers_trial_is_failed_and_retried(tmp_path):
+    url, log = f"sqlite:///{tmp_path / 'r.db'}", tmp_path / "taken.log"
+    doomed = _worker(url, log, 6, slow_at=2)
+    deadline = time.monotonic() + 120
+    while "SLOW" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline and doomed.poll() is None
+        time.sleep(0.2)
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait()
+    killed = [t for t in _trials(url) if t.state == TrialState.RUNNING]
+    assert len(killed) == 1  # the zombie the kill left
+    assert _worker(url, log, 6).wait(timeout=180) == 0
+    trials = _trials(url)
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert trials[killed[0].number].state == TrialState.FAIL
+    retries = [t for t in trials if RetryFailedTrialCallback.retried_trial_number(t) == killed[0].number]
+    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert retries[0].params == killed[0].params
+
+
+def test_latency_and_memory_give_a_pareto_front():
+    storage = optuna.storages.InMemoryStorage()
+
+    def measure(plan: Plan) -> Measurement:
+        c = _cost(plan)  # a made-up trade-off: more onnxruntime nodes, faster but heavier
+        ort = sum(len(r.nodes) for r in plan.regions if r.backend == "onnxruntime")
+        return Measurement(c, 0.0, c, 1, 1, best_s=c, peak_bytes=(1 + ort) * 2**20)
+
+    out = refine(GRAPH, BASE, CONFIG, ACCEPTED, measure, storage, "pareto", 16, memory=True)
+    assert out is not None and len(out.front) >= 2
+    points = [(m.cost_s, m.peak_bytes) for _, m in out.front]
+    assert points == sorted(points)  # fastest first
+    assert out.front[0][1].cost_s == out.measurement.cost_s
+    for i, (t, b) in enumerate(points):  # nobody on the front dominates another
+        assert not any(t2 <= t and b2 <= b and (t2, b2) != (t, b) for j, (t2, b2) in enumerate(points) if j != i)
+    assert all(b2 < b for (_, b), (_, b2) in zip(points, points[1:], strict=False))  # slower means leaner

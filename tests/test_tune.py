@@ -223,3 +223,28 @@ def test_refinement_runs_in_the_same_storage_and_never_loses_to_the_dp_plan(tmp_
     e2e = json.loads(out.read_text())["notes"]["end_to_end_s"]
     # The DP plan is the study's first trial: a variant is kept only when it measured faster.
     assert e2e.get("partune refined", 0.0) <= e2e["partune dp"]
+
+
+def test_two_workers_and_the_memory_objective_from_the_command_line(tmp_path, capsys):
+    """--workers 2 shares one search (no measurement taken twice); NSGA-II reports a front."""
+    from search.store import STUDY_PREFIX
+    from tests.model_files import write_onnx
+
+    model = write_onnx(tmp_path / "tiny.onnx")
+    url, out = f"sqlite:///{tmp_path / 'm.db'}", tmp_path / "plan.json"
+    assert main(["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--n-trials", "6",
+                 "--workers", "2", "--objective", "latency+memory", "--storage", url, "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "worker " in text and "Pareto front" in text
+    notes = json.loads(out.read_text())["notes"]
+    assert notes["pareto_front"] and all(f["peak_bytes"] > 0 for f in notes["pareto_front"])
+    assert (tmp_path / "plan.front1.json").exists()
+    studies = {s.study_name: s for s in optuna.get_all_study_summaries(url)}
+    store = next(name for name in studies if name.startswith(STUDY_PREFIX))
+    keys = [t.user_attrs["key"] for t in optuna.load_study(study_name=store, storage=url).trials]
+    assert len(keys) == len(set(keys))  # two processes, and still nothing measured twice
+    refine = optuna.load_study(study_name=next(n for n in studies if n.startswith("refine:")), storage=url)
+    assert 6 <= len([t for t in refine.trials if t.state.is_finished()]) <= 7
+    assert main(["status", "--storage", url]) == 0
+    status = capsys.readouterr().out
+    assert "done" in status and "/6" in status
