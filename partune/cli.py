@@ -288,6 +288,14 @@ def _verdict_lines(result) -> list[str]:
     return lines
 
 
+def cost_model_beside(storage: str) -> str:
+    """Where `--cost-model auto` keeps the model: beside an SQLite store, else in the
+    working directory."""
+    if storage.startswith("sqlite:///") and storage != "sqlite:///:memory:":
+        return str(Path(storage[len("sqlite:///"):]).with_suffix(".costmodel.json"))
+    return "partune.costmodel.json"
+
+
 def _load_cost_model(path: str | None):
     """The cost model at ``path`` (None when there is none yet: this run trains it)."""
     if not path or not os.path.exists(path):
@@ -309,6 +317,10 @@ def _update_cost_model(path: str, cost_model, result, model) -> str:
     from cost_models.xgboost_model import CostModel
 
     done = [(c, m) for c, m in result.trained if m.ok]
+    if result.cost_model is not None:  # it learned this run's candidates during the search
+        result.cost_model.save(path)
+        return (f"cost model: {result.skipped} candidates not measured (ranked out); {path} updated "
+                f"in-run with this model's measurements")
     if not done:
         return f"cost model {path}: nothing new to learn"
     x = np.stack([featurize(model.graph, c.subgraph.nodes, c.backend) for c, _ in done])
@@ -394,6 +406,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if not args.worker:
         _job_started(study, args)
     previous = _previous_plan(store.storage, study_name)
+    if args.cost_model == "auto":
+        args.cost_model = cost_model_beside(args.storage)
     cost_model = _load_cost_model(args.cost_model)
     helpers = _start_workers(args) if args.workers > 1 else []
     bars = _Bars() if not args.worker else None
@@ -424,7 +438,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(summarise(result, model))
     for line in notes + fronts:
         print(line)
-    if args.cost_model:
+    if args.cost_model and not args.worker:
         print(_update_cost_model(args.cost_model, cost_model, result, model))
     print(f"plan written to {args.output}; study '{study.study_name}' in {args.storage}")
     print(f"deploy it: partune export --study '{study.study_name}' --storage {args.storage} -o DIR")
@@ -749,11 +763,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refinement trials beat every S seconds; a trial silent for 2S (a killed "
                         "worker) is failed and retried (default 60)")
     t.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a helper started by --workers
-    t.add_argument("--cost-model", metavar="FILE",
-                   help="an XGBoost cost model (see `partune costmodel eval --save`): measure only the "
-                        "3 most promising candidates per DP frontier plus 10%% at random; the DP uses "
-                        "predictions for the rest and measures any it picks. Updated with this run's "
-                        "measurements (created if missing)")
+    t.add_argument("--cost-model", metavar="FILE|auto",
+                   help="an XGBoost cost model (see `partune costmodel eval --save`), or 'auto' for the "
+                        "one kept beside the storage: measure only the 3 most promising candidates per "
+                        "DP frontier plus 10%% at random, learn from them, and let the DP use "
+                        "predictions for the rest (it measures any it picks). The model learns this "
+                        "run's measurements and is saved (created if missing: the next model's search "
+                        "starts from everything measured before)")
     t.add_argument("--peers", default="onnxruntime,torch.compile",
                    help="the tools you would use instead, timed against the finalist plans in one "
                         "process, interleaved: onnxruntime (your ONNX file, or a torch.onnx.export), "

@@ -59,7 +59,7 @@ BORDER_ROUNDS = 3  # DP proposals refined by learned border costs, each measured
 FINALISTS = 3
 TOP_K = 3  # with a cost model: candidates measured per DP frontier, by predicted cost
 EPSILON = 0.1  # ... plus this share of the rest, drawn at random (the model learns from them)
-MAX_PREDICTED_ROUNDS = 20  # DP reruns while its plan still holds predicted regions  # plans that meet the peers in the interleaved verdict
+MAX_PREDICTED_ROUNDS = 20  # DP reruns while its plan still holds predicted regions
 VERDICT_ROUNDS = 7
 VERDICT_TIMEOUT_S = 900.0  # torch.compile of a whole model inside the measuring process
 
@@ -88,6 +88,7 @@ class TuneResult:
     dp_plan: Plan | None = None
     cover: Cover | None = None
     end_to_end: dict[str, Measurement] = field(default_factory=dict)  # plan label -> measurement
+    plans: dict[str, Plan] = field(default_factory=dict)  # plan label -> the plan measured under it
     measured: int = 0
     reused: int = 0
     failed: int = 0
@@ -102,6 +103,7 @@ class TuneResult:
     skipped: int = 0  # candidates the cost model ranked out of measuring
     trained: list = field(default_factory=list)  # (candidate, measurement) taken this run
     peers: tuple[str, ...] = ()  # which verdict labels are peers (not Partune plans)
+    cost_model: object = None  # the cost model after learning from this run's measurements
     refine_study: str | None = None  # the Optuna study of the refinement
     front: tuple = ()  # latency+memory refinement: the Pareto front, (Plan, Measurement), fastest first
 
@@ -147,7 +149,8 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     result.reused = len({keys[c] for c in cands}) - len(todo)
     predicted: dict[Candidate, float] = {}
     if cost_model is not None and todo:
-        predicted, todo = _prune(graph, cands, todo, cost_model)
+        x = _features(graph, cands)
+        predicted, todo = _prune(cands, x, todo, cost_model)
         result.skipped = len({keys[c] for c in cands if keys[c] not in store}) - len(todo)
     values = None
 
@@ -178,6 +181,12 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
             progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
 
     measure_candidates(todo)
+    if predicted:  # learn from this model's own measurements before the DP trusts the rest
+        seen = [(i, store.get(keys[c])) for i, c in enumerate(cands)]
+        if done := [(i, m.cost_s) for i, m in seen if m is not None and m.ok]:
+            idx, seconds = zip(*done, strict=True)
+            result.cost_model = cost_model.update(x[list(idx)], np.array(seconds))
+            predicted = dict(zip(cands, (float(v) for v in result.cost_model.predict(x)), strict=True))
     adjust = calibrate(runner, store, config, result)
     result.adjust_s = {k.backend or str(k): v for k, v in adjust.items()}
 
@@ -189,7 +198,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
             return float("inf")
         return max(m.cost_s + adjust.get(c.scope, 0.0), 0.0)
 
-    contenders: dict[str, Plan] = {}
+    contenders = result.plans
     label_of: dict[str, str] = {}  # plan key -> the first label the plan was offered under
 
     def offer(label: str, plan: Plan, always: bool = False) -> bool:
@@ -364,7 +373,14 @@ def refine_study_name(graph: DataflowGraph, dp_plan: Plan, memory: bool) -> str:
     return f"refine:{graph.fingerprint}:{plan_key(dp_plan)}" + (":latency+memory" if memory else "")
 
 
-def _prune(graph: DataflowGraph, cands: list[Candidate], todo: dict[str, Candidate], cost_model
+def _features(graph: DataflowGraph, cands: list[Candidate]) -> np.ndarray:
+    """The cost model's input, one row per candidate."""
+    from cost_models.features import featurize
+
+    return np.stack([featurize(graph, c.subgraph.nodes, c.backend) for c in cands])
+
+
+def _prune(cands: list[Candidate], x: np.ndarray, todo: dict[str, Candidate], cost_model
            ) -> tuple[dict[Candidate, float], dict[str, Candidate]]:
     """Predicted costs of all candidates, and the part of ``todo`` worth measuring.
 
@@ -375,9 +391,6 @@ def _prune(graph: DataflowGraph, cands: list[Candidate], todo: dict[str, Candida
     """
     import random
 
-    from cost_models.features import featurize
-
-    x = np.stack([featurize(graph, c.subgraph.nodes, c.backend) for c in cands])
     predicted = dict(zip(cands, (float(v) for v in cost_model.predict(x)), strict=True))
     rng = random.Random(0)
     fronts: dict[int, list[tuple[str, Candidate]]] = {}

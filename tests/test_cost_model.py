@@ -100,6 +100,9 @@ class _Backwards:
     def predict(self, x):
         return 1e-3 / (1.0 + x[:, NAMES.index("nodes")])
 
+    def update(self, x, seconds):
+        return self  # never learns: the search must still measure what its plan uses
+
 
 def _chain_search(tmp_path, cost_model):
     from runners.local import LocalRunner
@@ -122,14 +125,14 @@ def test_pruning_keeps_a_measured_candidate_in_every_frontier():
     from search.candidates import enumerate_candidates
     from search.dp import schedulable
     from search.scopes import CompilationConfig
-    from search.tune import _prune, candidate_key
+    from search.tune import _features, _prune, candidate_key
     from tests.graphs import Chain
 
     g = DataflowGraph.from_function(Chain["main"])
     cands = [c for c in enumerate_candidates(Chain, g, CompilationConfig.for_cpu(["tvm", "onnxruntime"]))
              if schedulable(c)]
     todo = {candidate_key(g, c): c for c in cands}
-    predicted, kept = _prune(g, cands, todo, _Backwards())
+    predicted, kept = _prune(cands, _features(g, cands), todo, _Backwards())
     assert set(predicted) == set(cands) and 0 < len(kept) < len(todo)
     assert {c.subgraph.nodes[0] for c in todo.values()} == {c.subgraph.nodes[0] for c in kept.values()}
 
@@ -148,3 +151,15 @@ def test_a_plan_found_with_predictions_carries_only_measured_costs(tmp_path):
     # The emitted plan's costs are measurements (or absent, for a single-backend plan's
     # region that was never a measured candidate), never predictions.
     assert all(measured(r) for r in result.plan.regions if r.cost_s is not None)
+
+
+def test_the_search_learns_from_its_own_measurements(tmp_path):
+    """Transfer, then in-run learning: a model trained elsewhere keeps boosting on this model."""
+    from tests.graphs import Chain
+
+    g = DataflowGraph.from_function(Chain["main"])
+    x = np.stack([featurize(g, (n,), b) for n in range(len(g)) for b in ("tvm", "onnxruntime")])
+    start = CostModel().fit(x, np.full(len(x), 1e-3))  # knows nothing useful yet
+    result, store, _ = _chain_search(tmp_path, start)
+    assert result.cost_model is not None and result.cost_model.trained_on > len(x)
+    assert result.skipped > 0 or result.measured > 0
