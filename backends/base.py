@@ -65,6 +65,9 @@ class Backend(ABC):
     level: ClassVar[Level]
     fusion_style: ClassVar[FusionStyle]
     device_types: ClassVar[tuple[str, ...]] = ("cpu",)
+    # Whether the search offers this backend when the user names none. A backend that
+    # only pays off with extra work up front (tuning) is offered only when asked for.
+    offered_by_default: ClassVar[bool] = True
 
     @property
     def codegen(self) -> str | None:

@@ -13,6 +13,7 @@ from backends.base import Backend
 
 _BACKENDS: dict[str, str] = {
     "tvm": "backends.tvm_backend:TvmBackend",
+    "tvm-tuned": "backends.tvm_tuned_backend:TunedTvmBackend",
     "torch": "backends.torch_backend:TorchBackend",
     "onnxruntime": "backends.onnxruntime_backend:OnnxRuntimeBackend",
     "openvino": "backends.openvino_backend:OpenVinoBackend",
@@ -38,6 +39,11 @@ class UnknownBackendError(KeyError):
 
 def names() -> tuple[str, ...]:
     return tuple(_BACKENDS)
+
+
+def default_names() -> list[str]:
+    """The backends offered when the user names none (not those that need work up front)."""
+    return [n for n in _BACKENDS if get(n).offered_by_default]
 
 
 def register(name: str, target: str) -> None:

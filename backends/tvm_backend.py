@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import tvm
 from tvm import relax
+from tvm.s_tir import meta_schedule as ms
 
 from backends.base import Backend, FusionStyle, Level, RegionKernel
 
@@ -19,16 +20,62 @@ if TYPE_CHECKING:
     from search.scopes import SEScope
 
 
-def compile_module(mod: tvm.IRModule, target: tvm.target.Target,
-                   database_dir: str | None = None) -> tvm.runtime.Executable:
-    """Build ``mod`` for ``target``; apply tuned schedules from ``database_dir`` if given."""
-    if database_dir:
-        from tvm.s_tir import meta_schedule as ms
+def lower_fused(mod: tvm.IRModule, target: tvm.target.Target,
+                database: ms.database.Database | None = None) -> tvm.IRModule:
+    """Legalize and fuse ``mod`` (TVM's "zero" pipeline); with ``database``, apply its schedules.
 
-        db = ms.database.JSONDatabase(work_dir=database_dir)
-        with target, db, tvm.transform.PassContext(opt_level=3):
-            mod = relax.get_pipeline("zero")(mod)
+    Tuning (``backends.tvm_tuning``) extracts its tasks from this same output, so the
+    workloads it stores are exactly the ones a build looks up.
+    """
+    with target, tvm.transform.PassContext(opt_level=3):
+        if database is None:
+            return relax.get_pipeline("zero")(mod)
+        with database:
+            return relax.get_pipeline("zero")(mod)
+
+
+def compile_module(mod: tvm.IRModule, target: tvm.target.Target,
+                   database: str | ms.database.Database | None = None) -> tvm.runtime.Executable:
+    """Build ``mod`` for ``target``; apply tuned schedules from ``database`` if given.
+
+    ``database`` is a MetaSchedule JSONDatabase directory or an opened database.
+    """
+    if isinstance(database, str):
+        database = ms.database.JSONDatabase(work_dir=database) if database else None
+    if database is not None:  # not truthiness: an empty Database has len 0
+        mod = lower_fused(mod, target, database)
     return tvm.compile(mod, target=target)
+
+
+def region_module(func: relax.Function) -> tvm.IRModule:
+    """A region as a module of its own, its function public as ``main`` (what gets built and tuned)."""
+    return tvm.IRModule({"main": _as_main(func)})
+
+
+def set_tvm_threads(threads: int) -> None:
+    """TVM's CPU thread pool size, for this process and the processes it starts."""
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    config = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
+    if config is not None:
+        config(1, threads)
+
+
+def build_region_kernel(func: relax.Function, scope: SEScope,
+                        database: str | ms.database.Database | None = None) -> RegionKernel:
+    """Build a region as its own module and VM; the kernel copies results into the destinations."""
+    ex = compile_module(region_module(func), scope.tvm_target(), database)
+    device = tvm.device(scope.device_type or "cpu", scope.virtual_device_id or 0)
+    vm = relax.VirtualMachine(ex, device)
+    n_in = len(func.params)
+    main = vm["main"]
+
+    def kernel(*args) -> None:
+        result = main(*args[:n_in])
+        outs = [result] if hasattr(result, "copyto") else list(result)
+        for src, dst in zip(outs, args[n_in:], strict=True):
+            src.copyto(dst)
+
+    return kernel
 
 
 def _as_main(func: relax.Function) -> relax.Function:
@@ -56,28 +103,12 @@ class TvmBackend(Backend):
         return True  # every Relax op has a legalisation
 
     def set_threads(self, threads: int) -> None:
-        os.environ["TVM_NUM_THREADS"] = str(threads)
-        config = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
-        if config is not None:
-            config(1, threads)
+        set_tvm_threads(threads)
 
     def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> RegionKernel:
         """Build the region as its own module and VM; copy results into the destinations."""
         self.set_threads(threads)
-        mod = tvm.IRModule({"main": _as_main(func)})
-        ex = compile_module(mod, scope.tvm_target(), self.database_dir)
-        device = tvm.device(scope.device_type or "cpu", scope.virtual_device_id or 0)
-        vm = relax.VirtualMachine(ex, device)
-        n_in = len(func.params)
-        main = vm["main"]
-
-        def kernel(*args) -> None:
-            result = main(*args[:n_in])
-            outs = [result] if hasattr(result, "copyto") else list(result)
-            for src, dst in zip(outs, args[n_in:], strict=True):
-                src.copyto(dst)
-
-        return kernel
+        return build_region_kernel(func, scope, self.database_dir)
 
     def compile(self, mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runtime.Executable:
         """Build a whole (partitioned) module: TVM lowers whatever was not offloaded."""

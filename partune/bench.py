@@ -65,7 +65,7 @@ def contenders(model, backends: list[str] | None, peers: list[str] | None, threa
     from search.candidates import backend_plan
     from search.scopes import CompilationConfig
 
-    backends = backends or list(registry.names())
+    backends = backends or registry.default_names()
     for b in backends:
         registry.get(b)  # unknown names fail here, before any work
     out: list[tuple[str, str, Callable]] = []

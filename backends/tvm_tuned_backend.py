@@ -1,0 +1,71 @@
+"""TVM with MetaSchedule-tuned schedules, offered as a backend of its own.
+
+Untuned, TVM loses to every library on matmul and conv (DESIGN.md); tuned, it can win
+where its fusion beats the library's. Which regions deserve tuning is for the search to
+decide, so tuned TVM is a separate backend: the search tunes a region
+(``backends.tvm_tuning.tune_region``) and then measures it here, next to plain TVM.
+
+Its regions are offloaded through BYOC like a graph compiler's: each region is built as
+its own module (as ``TvmBackend.build_region`` does) with the tuning database applied.
+Tasks without records keep TVM's default schedules, so every region still builds. The
+database directory comes from ``PARTUNE_TUNING_DATABASE``, read at construction: the
+environment carries it into worker processes and RPC servers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from tvm import relax
+
+from backends.base import Backend, BackendError, FusionStyle, Level, RegionKernel
+from backends.tvm_backend import build_region_kernel, set_tvm_threads
+
+if TYPE_CHECKING:
+    from search.scopes import SEScope
+
+ENV = "PARTUNE_TUNING_DATABASE"
+
+
+class TunedTvmBackend(Backend):
+    """TVM's lowering with the schedules of the persistent tuning database applied."""
+
+    name = "tvm-tuned"
+    level = Level.COMPILER
+    fusion_style = FusionStyle.TVM
+    device_types = ("cpu", "cuda")
+    offered_by_default = False  # pays off only after tuning: offered when a budget is given
+
+    def __init__(self, database_dir: str | None = None) -> None:
+        # Not an error yet when unset: listing the backends must not fail.
+        self.database_dir = database_dir or os.environ.get(ENV) or None
+
+    @property
+    def codegen(self) -> str:
+        """A valid identifier (the name has a dash): ``relax.ext.partune_tvm_tuned``."""
+        return "partune_tvm_tuned"
+
+    def accepts(self, binding: relax.Binding) -> bool:
+        return True  # every Relax op has a legalisation
+
+    def set_threads(self, threads: int) -> None:
+        set_tvm_threads(threads)
+
+    def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> RegionKernel:
+        """Build the region as its own module, applying the tuned schedules for its target."""
+        from backends.tvm_tuning import database_path, open_snapshot, tuning_target
+
+        if not self.database_dir:
+            raise BackendError(f"{self.name} needs a tuning database: set {ENV} to its directory")
+        if scope.device_type not in (None, *self.device_types):
+            raise BackendError(f"{self.name} runs on {'/'.join(self.device_types)}, "
+                               f"not {scope.device_type}")
+        self.set_threads(threads)
+        # The same directory tune_region wrote for this target (num-cores defaulted alike).
+        path = database_path(self.database_dir, tuning_target(scope.tvm_target()))
+        try:
+            database = open_snapshot(path)
+        except Exception as e:  # noqa: BLE001 - a damaged database is this backend's failure
+            raise BackendError(f"cannot read tuning database {path}: {e}") from e
+        return build_region_kernel(func, scope, database)
