@@ -68,6 +68,8 @@ class Backend(ABC):
     # Whether the search offers this backend when the user names none. A backend that
     # only pays off with extra work up front (tuning) is offered only when asked for.
     offered_by_default: ClassVar[bool] = True
+    # Whether regions must be tuned (``tune_region``) before a measurement means anything.
+    autotuned: ClassVar[bool] = False
 
     @property
     def codegen(self) -> str | None:
@@ -93,3 +95,11 @@ class Backend(ABC):
 
     def set_threads(self, threads: int) -> None:  # noqa: B027 - optional hook
         """Apply the process-wide thread count to this backend's library."""
+
+    def tune_region(self, func: relax.Function, scope: SEScope, trials: int, timeout_s: float) -> dict:
+        """Tune ``func`` for ``scope`` before it is built (``autotuned`` backends only).
+
+        Returns a JSON-able report. Work already done (a persistent database) is reused,
+        so a second call with the same budget does nothing. Raises ``BackendError``.
+        """
+        raise BackendError(f"{self.name} has nothing to tune")

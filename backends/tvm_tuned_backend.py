@@ -36,6 +36,7 @@ class TunedTvmBackend(Backend):
     fusion_style = FusionStyle.TVM
     device_types = ("cpu", "cuda")
     offered_by_default = False  # pays off only after tuning: offered when a budget is given
+    autotuned = True
 
     def __init__(self, database_dir: str | None = None) -> None:
         # Not an error yet when unset: listing the backends must not fail.
@@ -51,6 +52,18 @@ class TunedTvmBackend(Backend):
 
     def set_threads(self, threads: int) -> None:
         set_tvm_threads(threads)
+
+    def tune_region(self, func: relax.Function, scope: SEScope, trials: int, timeout_s: float) -> dict:
+        """MetaSchedule on the region's tasks, in a child process (a crash costs the region)."""
+        from backends.tvm_tuning import TuningError, tune_region
+
+        if not self.database_dir:
+            raise BackendError(f"{self.name} needs a tuning database: set {ENV} to its directory")
+        try:
+            report = tune_region(func, scope.tvm_target(), self.database_dir, trials, timeout_s, isolate=True)
+        except TuningError as e:
+            raise BackendError(str(e)) from e
+        return report.to_json()
 
     def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> RegionKernel:
         """Build the region as its own module, applying the tuned schedules for its target."""

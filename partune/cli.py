@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 EXIT_USAGE = 2
+DEFAULT_TUNE_BUDGET_S = 600.0  # when tvm-tuned is named without --tune-budget
 NOISE = 0.03  # ratios closer to 1 than this are ties: run-to-run noise of interleaved medians
 
 
@@ -248,6 +249,12 @@ def summarise(result, model) -> str:
     lines.append(f"candidates measured on {result.inputs_from} inputs")
     if result.skipped:
         lines.append(f"cost model: {result.skipped} candidates ranked out of measuring")
+    if result.tuning_s:
+        from backends import registry
+
+        in_plan = sum(registry.get(r.backend).autotuned for r in plan.regions)
+        lines.append(f"auto-tuning: {result.tuned_regions} regions tuned ({result.tuning_trials} MetaSchedule "
+                     f"trials) in {result.tuning_s:.0f} s; {in_plan} tuned region(s) in the emitted plan")
     lines.append(f"search {result.search_s:.1f} s; candidates {result.candidates}; measurements made "
                  f"{result.measured} ({result.failed} failed), reused {result.reused}"
                  + ("; stopped early at --timeout" if result.timed_out else ""))
@@ -288,12 +295,12 @@ def _verdict_lines(result) -> list[str]:
     return lines
 
 
-def cost_model_beside(storage: str) -> str:
-    """Where `--cost-model auto` keeps the model: beside an SQLite store, else in the
-    working directory."""
+def beside_store(storage: str, suffix: str) -> str:
+    """A path beside an SQLite store (``partune.db`` -> ``partune<suffix>``), else in the
+    working directory: where the cost model and the tuning database live."""
     if storage.startswith("sqlite:///") and storage != "sqlite:///:memory:":
-        return str(Path(storage[len("sqlite:///"):]).with_suffix(".costmodel.json"))
-    return "partune.costmodel.json"
+        return str(Path(storage[len("sqlite:///"):]).with_suffix(suffix))
+    return "partune" + suffix
 
 
 def _load_cost_model(path: str | None):
@@ -383,8 +390,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from search.tune import Progress, tune
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    tune_budget = parse_duration(args.tune_budget) if args.tune_budget else 0.0
+    if tune_budget > 0:
+        backends += [n for n in registry.names() if registry.get(n).autotuned and n not in backends]
     for b in backends:
         registry.get(b)
+    if any(registry.get(b).autotuned for b in backends):
+        tune_budget = tune_budget or DEFAULT_TUNE_BUDGET_S
+        # Beside the store: tuning records serve every later run and model, like measurements.
+        os.environ.setdefault("PARTUNE_TUNING_DATABASE", os.path.abspath(beside_store(args.storage, ".tuning")))
     deadline = time.monotonic() + parse_duration(args.timeout) if args.timeout else None
     model = load_model(args)
     pins = dict(model.pins)
@@ -407,7 +421,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         _job_started(study, args)
     previous = _previous_plan(store.storage, study_name)
     if args.cost_model == "auto":
-        args.cost_model = cost_model_beside(args.storage)
+        args.cost_model = beside_store(args.storage, ".costmodel.json")
     cost_model = _load_cost_model(args.cost_model)
     helpers = _start_workers(args) if args.workers > 1 else []
     bars = _Bars() if not args.worker else None
@@ -416,7 +430,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         result = tune(model, backends, runner, store, threads=args.threads, pins=pins, deadline=deadline,
                       progress=Progress(bars.start_phase, bars.advance) if bars else None, peers=peers,
                       refine_trials=args.refine_trials, previous=previous, cost_model=cost_model,
-                      memory=args.objective == "latency+memory", worker_only=args.worker)
+                      memory=args.objective == "latency+memory", worker_only=args.worker,
+                      tune_budget_s=tune_budget, tune_trials=args.tune_trials)
     except KeyboardInterrupt:
         if not args.worker:
             study.set_user_attr("stopped", time.time())
@@ -763,6 +778,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refinement trials beat every S seconds; a trial silent for 2S (a killed "
                         "worker) is failed and retried (default 60)")
     t.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a helper started by --workers
+    t.add_argument("--tune-budget", metavar="DURATION",
+                   help="auto-tune TVM regions with MetaSchedule for this long in all (e.g. 20m), most "
+                        "expected gain first (regions whose untuned TVM time, divided by what tuning "
+                        "usually buys, would beat the best other backend); adds the tvm-tuned backend. "
+                        "Records persist beside the storage (PLAN_DB.tuning/) and serve every later run")
+    t.add_argument("--tune-trials", type=int, default=32, metavar="N",
+                   help="MetaSchedule trials per tuned region (default 32)")
     t.add_argument("--cost-model", metavar="FILE|auto",
                    help="an XGBoost cost model (see `partune costmodel eval --save`), or 'auto' for the "
                         "one kept beside the storage: measure only the 3 most promising candidates per "

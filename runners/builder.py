@@ -115,6 +115,13 @@ def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ..
     return req
 
 
+def tune_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...], scope: SEScope,
+                 trials: int, timeout_s: float) -> dict:
+    """A request to tune ``nodes`` of main for ``scope``'s (autotuned) backend."""
+    req = region_request(mod, graph, nodes, scope)
+    return req | {"kind": "tune", "trials": trials, "timeout_s": timeout_s}
+
+
 def plan_request(module_json: str, plan: Plan, inputs: list[np.ndarray],
                  protocol: dict | None = None, fresh: bool = False) -> dict:
     """A request to build and time the whole model (``tvm.ir.save_json`` text) under ``plan``.

@@ -34,6 +34,13 @@ class Runner(ABC):
             return {label: Measurement.failed(str(why)) for label in request["contenders"]}
         return {label: Measurement(**m) for label, m in reply["measurements"].items()}
 
+    def tune(self, request: dict, timeout_s: float) -> dict:
+        """Tune a region where it will be measured; its report, or ``{"error": why}``."""
+        reply = self.exchange(request, timeout_s)
+        if "tuning" in reply:
+            return reply["tuning"]
+        return {"error": reply.get("error") or Measurement(**reply["measurement"]).error}
+
     def close(self) -> None:  # noqa: B027 - optional
         """Release workers or sessions."""
 

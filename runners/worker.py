@@ -43,18 +43,33 @@ def _protocol(req: dict) -> Protocol:
     return Protocol(**req.get("protocol", {}))
 
 
+def _region(req: dict):
+    """The region function and SEScope a region or tune request carries."""
+    import tvm
+
+    from search.scopes import SEScope
+
+    return tvm.ir.load_json(req["module"])[req["function"]], SEScope.from_json(req["scope"])
+
+
+def tune_region(req: dict) -> dict:
+    """Tune one region for an autotuned backend (where it will be measured); its report."""
+    from backends import registry
+
+    registry.set_threads(req.get("threads", 1))
+    func, scope = _region(req)
+    return registry.get(req["backend"]).tune_region(func, scope, req["trials"], req["timeout_s"])
+
+
 def measure_region(req: dict) -> Measurement:
     """Build one region for its backend and time its kernel on the inputs sent (else random ones)."""
     import tvm
 
     from backends import registry
     from backends.base import static_shape, tensor_types
-    from search.scopes import SEScope
 
     registry.set_threads(req.get("threads", 1))
-    mod = tvm.ir.load_json(req["module"])
-    func = mod[req["function"]]
-    scope = SEScope.from_json(req["scope"])
+    func, scope = _region(req)
     kernel = registry.get(req["backend"]).build_region(func, scope, registry.threads())
     if "inputs" in req:  # what the region reads inside the model
         arrays = [decode_array(a) for a in req["inputs"]]
@@ -141,7 +156,7 @@ def measure_compare(req: dict) -> dict[str, Measurement]:
     return time_interleaved(fns, rounds=req.get("rounds", 5)) | failed
 
 
-HANDLERS = {"region": measure_region, "plan": measure_plan, "compare": measure_compare}
+HANDLERS = {"region": measure_region, "plan": measure_plan, "compare": measure_compare, "tune": tune_region}
 
 
 def handle(req: dict) -> dict:
@@ -151,6 +166,8 @@ def handle(req: dict) -> dict:
     except Exception as e:  # noqa: BLE001 - any failure costs this candidate only
         m = Measurement.failed(f"{type(e).__name__}: {last_line(e)}")
         return {"measurement": m.to_json(), "trace": traceback.format_exc()[-2000:]}
+    if req["kind"] == "tune":
+        return {"tuning": m}
     if isinstance(m, dict):
         return {"measurements": {label: x.to_json() for label, x in m.items()}}
     return {"measurement": m.to_json()}

@@ -32,6 +32,7 @@ from runners.builder import (
     overhead_request,
     plan_request,
     region_request,
+    tune_request,
 )
 from runners.runner import Runner
 from runners.timing import Measurement
@@ -51,6 +52,7 @@ from search.refine import refine
 from search.scopes import CompilationConfig, SEScope
 from search.store import POLL_S, MeasurementStore
 from search.subgraph import SubGraph
+from search.tuning import tuning_order
 
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
 CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
@@ -104,6 +106,9 @@ class TuneResult:
     trained: list = field(default_factory=list)  # (candidate, measurement) taken this run
     peers: tuple[str, ...] = ()  # which verdict labels are peers (not Partune plans)
     cost_model: object = None  # the cost model after learning from this run's measurements
+    tuned_regions: int = 0  # regions tuned (MetaSchedule) by this run
+    tuning_trials: int = 0
+    tuning_s: float = 0.0
     refine_study: str | None = None  # the Optuna study of the refinement
     front: tuple = ()  # latency+memory refinement: the Pareto front, (Plan, Measurement), fastest first
 
@@ -117,13 +122,16 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
          threads: int = 1, pins: dict[int, SEScope] | None = None, deadline: float | None = None,
          progress: Progress | None = None, peers: tuple[str, ...] = ("onnxruntime", "torch.compile"),
          refine_trials: int = 0, previous: Plan | None = None, cost_model=None, memory: bool = False,
-         worker_only: bool = False) -> TuneResult:
+         worker_only: bool = False, tune_budget_s: float = 0.0, tune_trials: int = 32) -> TuneResult:
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
     ``previous`` is the plan an earlier run of the same job emitted: it competes again.
     With a ``cost_model`` (``cost_models.CostModel``) only the most promising candidates of
     each DP frontier are measured (``_prune``); the rest enter the DP with predicted costs,
     and any the DP picks are measured before its plan counts.
+    Candidates of autotuned backends (tuned TVM) are tuned, ``tune_trials`` per region,
+    most expected gain first (``search.tuning``), for at most ``tune_budget_s`` seconds,
+    then measured like the rest; a region never tuned is never used.
     ``refine_trials`` plan variants around the DP's plan are measured end to end by an
     Optuna study (``search.refine``); with ``memory`` NSGA-II searches latency and peak
     memory, and the Pareto front is in the result. ``deadline`` (``time.monotonic``)
@@ -140,13 +148,15 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     config = CompilationConfig.for_cpu(backends, threads)
     cands = [c for c in enumerate_candidates(mod, graph, config, pins) if schedulable(c)]
     keys = {c: candidate_key(graph, c) for c in cands}
+    # An autotuned backend's candidates mean nothing untuned: they wait for the tuning phase.
+    autotuned = {b for b in backends if registry.get(b).autotuned}
     # Small regions first: the singles alone already give a complete cover.
     todo: dict[str, Candidate] = {}
     for c in sorted(cands, key=lambda c: (len(c.subgraph), c.subgraph.nodes[0])):
-        if keys[c] not in store and keys[c] not in todo:
+        if keys[c] not in store and keys[c] not in todo and c.backend not in autotuned:
             todo[keys[c]] = c
     result = TuneResult(candidates=len(cands))
-    result.reused = len({keys[c] for c in cands}) - len(todo)
+    result.reused = len({keys[c] for c in cands if c.backend not in autotuned}) - len(todo)
     predicted: dict[Candidate, float] = {}
     if cost_model is not None and todo:
         x = _features(graph, cands)
@@ -190,13 +200,35 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     adjust = calibrate(runner, store, config, result)
     result.adjust_s = {k.backend or str(k): v for k, v in adjust.items()}
 
+    tuned: dict[str, str] = {}  # an autotuned candidate's key -> the key of its tuned measurement
+
     def cost(c: Candidate) -> float:
+        if c.backend in autotuned:
+            m = store.get(tuned[keys[c]]) if keys[c] in tuned else None
+            return max(m.cost_s + adjust.get(c.scope, 0.0), 0.0) if m is not None and m.ok else float("inf")
         m = store.get(keys[c])
         if m is None and c in predicted:  # not measured (pruned): the cost model's guess, for now
             return max(predicted[c] + adjust.get(c.scope, 0.0), 0.0)
         if m is None or not m.ok:
             return float("inf")
         return max(m.cost_s + adjust.get(c.scope, 0.0), 0.0)
+
+    if autotuned and tune_budget_s > 0:
+        stop = time.monotonic() + tune_budget_s
+        others = [c for c in cands if c.backend not in autotuned]
+        order = tuning_order(graph, [c for c in cands if c.backend in autotuned], others, cost, config.default.backend)
+        progress.start_phase("tune regions (MetaSchedule), most expected gain first", len(order))
+        for choice in order:
+            left = min(stop, deadline or stop) - time.monotonic()
+            if left <= 0:
+                break
+            key = _autotune(choice.candidate, keys[choice.candidate], tune_trials, left, mod, graph, runner,
+                            store, result)
+            tuned[keys[choice.candidate]] = key
+            if key not in store:
+                measure_candidates({key: choice.candidate})
+            progress.advance(f"{choice.candidate.subgraph}: {choice.best_other_s * 1e6:.0f} us elsewhere")
+        result.tuning_s = tune_budget_s - max(stop - time.monotonic(), 0.0)
 
     contenders = result.plans
     label_of: dict[str, str] = {}  # plan key -> the first label the plan was offered under
@@ -253,7 +285,8 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         offer("partune dp", found[1])
     second_opinions()
     for b in backends:
-        offer(f"{b}-only", backend_plan(model.name, mod, graph, config, b), always=True)
+        if b not in autotuned:  # all of a model tuned as one region: not what tuning is budgeted for
+            offer(f"{b}-only", backend_plan(model.name, mod, graph, config, b), always=True)
     module_json = tvm.ir.save_json(mod)
 
     def measure(plan: Plan, label: str, fresh: bool = False) -> Measurement:
@@ -311,7 +344,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         result.dp_label, result.dp_estimate_s = dp_label, isolated + held_out.extra_s(feats)
     if refine_trials > 0 and result.dp_plan is not None:
         progress.start_phase("refine plans end to end (Optuna" + (", NSGA-II)" if memory else ")"), refine_trials)
-        accepted = {b: accepted_nodes(mod["main"], b) for b in backends}
+        accepted = {b: accepted_nodes(mod["main"], b) for b in backends if b not in autotuned}
         result.refine_study = refine_study_name(graph, result.dp_plan, memory)
         refined = refine(graph, result.dp_plan, config, accepted,
                          lambda p: measure(p, "refine variant", fresh=memory), store.storage,
@@ -366,6 +399,31 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, regions, notes=notes)
     result.search_s = time.monotonic() - start
     return result
+
+
+def _autotune(c: Candidate, base_key: str, trials: int, left_s: float, mod, graph: DataflowGraph,
+              runner: Runner, store: MeasurementStore, result: TuneResult) -> str:
+    """Tune ``c``'s region where it will be measured; the key its tuned measurement goes under.
+
+    The key names the budget, so a larger ``--tune-trials`` later tunes further and
+    measures again; tuning cut short by the budget gets a key of its own (with the trials
+    it got), so the next run resumes it instead of trusting a half-tuned measurement.
+    A tuning failure is stored as the failed measurement of that key.
+    """
+    key = f"{base_key}:tuned{trials}"
+    if key in store:
+        return key
+    report = runner.tune(tune_request(mod, graph, c.subgraph.nodes, c.scope, trials, left_s), left_s + 300.0)
+    if "error" in report:
+        store.put(key, Measurement.failed(f"tuning: {report['error']}"), f"tuning {c}")
+        result.failed += 1
+        return key
+    result.tuned_regions += report["trials_run"] > 0
+    result.tuning_trials += report["trials_run"]
+    if report["timed_out"]:
+        done = sum(t["records_before"] + t["trials_run"] for t in report["tasks"])
+        return f"{base_key}:tuned-partial{done}"
+    return key
 
 
 def refine_study_name(graph: DataflowGraph, dp_plan: Plan, memory: bool) -> str:

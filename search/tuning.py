@@ -1,0 +1,81 @@
+"""Which regions to auto-tune, and in what order: by expected gain, never a walk over all.
+
+A candidate of an autotuned backend (TVM with MetaSchedule schedules) means nothing until
+its region is tuned, and tuning costs tens of seconds per region. So, once every other
+candidate is measured, each tunable region gets an expected gain:
+
+    gain = (best other cost of its nodes - estimated tuned cost) x occurrences
+
+The best other cost is the cheapest measured candidate on exactly these nodes (or, when
+there is none, the sum of the cheapest single-node ones). The tuned cost is estimated
+from the region's untuned TVM cost divided by the speed-up tuning typically brings to
+its kind of op (DESIGN.md: a 256x256 matmul went 15.5 ms -> 0.95 ms; element-wise code
+is already fused well untuned). Occurrences count the regions of the same structure in
+the model: one tuning serves them all. Regions are tuned in decreasing gain while the
+budget lasts; a region with no expected gain is never tuned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from search.candidates import Candidate, region_key
+from search.graph import DataflowGraph
+
+# What tuning typically buys over TVM's default schedules, per op kind (the region's best).
+TYPICAL_SPEEDUP = {"matmul": 10.0, "nn.conv2d": 10.0, "nn.conv1d": 10.0, "nn.conv2d_transpose": 10.0,
+                   "nn.dense": 10.0, "nn.attention": 10.0, "nn.softmax": 3.0, "nn.layer_norm": 3.0,
+                   "nn.batch_norm": 3.0, "nn.rms_norm": 3.0, "mean": 3.0, "sum": 3.0, "max": 3.0,
+                   "nn.max_pool2d": 3.0, "nn.avg_pool2d": 3.0}
+
+
+@dataclass(frozen=True)
+class TuningChoice:
+    candidate: Candidate  # the autotuned backend's candidate to tune, then measure
+    gain_s: float  # expected saving over the best alternative, all occurrences together
+    occurrences: int  # regions of this structure in the model (tuned once)
+    best_other_s: float
+    estimate_s: float  # tuned cost, estimated
+
+
+def expected_speedup(graph: DataflowGraph, nodes: tuple[int, ...]) -> float:
+    return max((TYPICAL_SPEEDUP.get(graph.nodes[n].op, 1.0) for n in nodes), default=1.0)
+
+
+def tuning_order(graph: DataflowGraph, tunable: list[Candidate], others: list[Candidate],
+                 cost: Callable[[Candidate], float], native: str) -> list[TuningChoice]:
+    """The tunable candidates worth tuning, most expected gain first.
+
+    ``others`` are the measured candidates of every other backend; ``cost`` gives their
+    measured cost (inf when not measured or failed); ``native`` is the untuned TVM
+    backend whose measurement of the same nodes anchors the estimate.
+    """
+    best: dict[tuple[int, ...], float] = {}
+    untuned: dict[tuple[int, ...], float] = {}
+    for c in others:
+        nodes, x = c.subgraph.nodes, cost(c)
+        if c.backend == native:
+            untuned[nodes] = min(untuned.get(nodes, math.inf), x)
+        else:
+            best[nodes] = min(best.get(nodes, math.inf), x)
+    single = {n[0]: min(best.get(n, math.inf), untuned.get(n, math.inf)) for n in {*best, *untuned} if len(n) == 1}
+    groups: dict[str, list[Candidate]] = {}
+    for c in tunable:
+        groups.setdefault(region_key(graph, c.subgraph.nodes), []).append(c)
+    out = []
+    for members in groups.values():
+        c = members[0]
+        nodes = c.subgraph.nodes
+        speedup = expected_speedup(graph, nodes)
+        if speedup <= 1.0 or not math.isfinite(untuned.get(nodes, math.inf)):
+            continue
+        other = best.get(nodes, math.inf)
+        if not math.isfinite(other):
+            other = sum(single.get(n, math.inf) for n in nodes)
+        estimate = untuned[nodes] / speedup
+        gain = (min(other, untuned[nodes]) - estimate) * len(members)
+        if gain > 0 and math.isfinite(gain):
+            out.append(TuningChoice(c, gain, len(members), other, estimate))
+    return sorted(out, key=lambda t: -t.gain_s)

@@ -1,0 +1,72 @@
+"""Auto-tuning inside the search: which regions get tuned, and a tuned region winning the DP."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from runners.local import LocalRunner
+from search.candidates import Candidate
+from search.graph import DataflowGraph
+from search.scopes import SEScope
+from search.store import MeasurementStore
+from search.subgraph import SubGraph
+from search.tune import tune
+from search.tuning import tuning_order
+from tests.graphs import Residual
+
+
+def _cand(graph, nodes, backend) -> Candidate:
+    return Candidate(SubGraph.of(graph, nodes), SEScope(backend=backend), "test")
+
+
+def test_only_regions_with_an_expected_gain_are_tuned_most_gain_first():
+    g = DataflowGraph.from_function(Residual["main"])  # conv2d -> relu -> add -> sum
+    tunable = [_cand(g, (0, 1), "tvm-tuned"), _cand(g, (2,), "tvm-tuned"), _cand(g, (3,), "tvm-tuned")]
+    others = [_cand(g, (0, 1), "tvm"), _cand(g, (0, 1), "onnxruntime"), _cand(g, (2,), "tvm"),
+              _cand(g, (2,), "onnxruntime"), _cand(g, (3,), "tvm"), _cand(g, (3,), "onnxruntime")]
+    cost = {(0, 1, "tvm"): 100e-6, (0, 1, "onnxruntime"): 20e-6,  # conv: tuned ~10 us would beat 20
+            (2, "tvm"): 1e-6, (2, "onnxruntime"): 3e-6,  # an add: tuning buys nothing
+            (3, "tvm"): 12e-6, (3, "onnxruntime"): 3e-6}  # a sum: tuned ~4 us, still loses to 3
+    order = tuning_order(g, tunable, others, lambda c: cost[(*c.subgraph.nodes, c.backend)], "tvm")
+    assert [c.candidate.subgraph.nodes for c in order] == [(0, 1)]
+    assert math.isclose(order[0].gain_s, 20e-6 - 10e-6) and order[0].best_other_s == 20e-6
+
+
+def _matmul_model(n: int = 256):
+    """One matmul + relu with a constant weight: untuned TVM is far from what tuning gets."""
+    x = relax.Var("x", relax.TensorType((n, n), "float32"))
+    w = relax.const(np.random.default_rng(0).standard_normal((n, n)).astype("float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    mod = bb.get()
+
+    class Model:
+        name = "matmul256"
+        graph = DataflowGraph.from_function(mod["main"])
+        inputs = [np.random.default_rng(1).standard_normal((n, n)).astype("float32")]
+        torch_module = onnx_bytes = None
+
+    Model.mod = tvm.IRModule({"main": mod["main"]})
+    return Model()
+
+
+def test_a_tuned_region_wins_the_dp_and_a_rerun_tunes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARTUNE_TUNING_DATABASE", str(tmp_path / "tuning"))
+    model = _matmul_model()
+    store = MeasurementStore(f"sqlite:///{tmp_path / 'm.db'}", "test-device")
+    with LocalRunner(timeout_s=300) as runner:
+        first = tune(model, ["tvm", "tvm-tuned"], runner, store, peers=(), tune_budget_s=240, tune_trials=16)
+        again = tune(model, ["tvm", "tvm-tuned"], runner, store, peers=(), tune_budget_s=240, tune_trials=16)
+    assert first.tuned_regions >= 1 and first.tuning_trials > 0
+    assert "tvm-tuned" in first.dp_plan.backends  # it measured faster than untuned TVM
+    assert first.end_to_end["partune dp"].cost_s < first.end_to_end["tvm-only"].cost_s
+    assert again.tuning_trials == 0 and again.measured == 0  # records and measurements reused
+    assert "tvm-tuned" in again.plan.backends
