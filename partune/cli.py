@@ -411,7 +411,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise PartuneError("--workers and --heartbeat must be at least 1")
     measure_timeout = parse_duration(args.measure_timeout)
     store = MeasurementStore(args.storage, device_fingerprint(args.threads),
-                             claim_ttl_s=max(1800.0, 3 * measure_timeout), heartbeat_s=args.heartbeat)
+                             claim_ttl_s=max(1800.0, 3 * measure_timeout), heartbeat_s=args.heartbeat,
+                             retry_failed=args.retry_failed)
     study_name = args.study or f"{model.name}:{','.join(backends)}"
     peers = tuple(p for p in args.peers.split(",") if p and p != "none")
     if unknown := [p for p in peers if p not in PEER_LABELS]:
@@ -777,6 +778,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--heartbeat", type=int, default=60, metavar="S",
                    help="refinement trials beat every S seconds; a trial silent for 2S (a killed "
                         "worker) is failed and retried (default 60)")
+    t.add_argument("--retry-failed", action="store_true",
+                   help="measure again, once, what the store holds as failed (after fixing a backend, "
+                        "or when the failure was the machine's); by default a failure is final")
     t.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a helper started by --workers
     t.add_argument("--tune-budget", metavar="DURATION",
                    help="auto-tune TVM regions with MetaSchedule for this long in all (e.g. 20m), most "

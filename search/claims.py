@@ -82,6 +82,11 @@ class Claims:
         with self.engine.begin() as c:
             c.execute(t.delete().where(t.c.key == key, t.c.owner == self.owner, t.c.expires < DONE))
 
+    def is_done(self, key: str) -> bool:
+        """Whether the measurement under ``key`` is stored (by any worker)."""
+        with self.engine.connect() as c:
+            return c.execute(sa.select(self.table.c.expires).where(self.table.c.key == key)).scalar() == DONE
+
     def holder(self, key: str) -> str | None:
         """Who holds ``key`` (None when nobody does)."""
         with self.engine.connect() as c:

@@ -56,8 +56,10 @@ class MeasurementStore:
     """A dict-like view of the measurements on one device, backed by Optuna storage."""
 
     def __init__(self, storage_url: str, device: str, claim_ttl_s: float = 1800.0,
-                 heartbeat_s: int | None = 60) -> None:
+                 heartbeat_s: int | None = 60, retry_failed: bool = False) -> None:
         """``claim_ttl_s``: how long a key claimed by a worker that died stays blocked.
+        ``retry_failed``: a stored failure is taken again, once per key and run (after a
+        fix, or when the failure was the machine's, not the candidate's).
         ``heartbeat_s``: Optuna heartbeats for studies run on this storage (refinement),
         so a trial left RUNNING by a killed worker is failed and retried."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -83,14 +85,21 @@ class MeasurementStore:
         self.study = optuna.create_study(study_name=STUDY_PREFIX + device, storage=self.storage,
                                          load_if_exists=True)
         self._cache: dict[str, Measurement] = {}
+        self._failures: dict[str, int] = {}  # failed measurements stored per key
+        self.retry_failed = retry_failed
+        self._retried: set[str] = set()
         self.refresh()
+        self._failures_at_start = dict(self._failures)
 
     def refresh(self) -> None:
-        """Read what other runs and workers stored since we last looked."""
+        """Read what other runs and workers stored since we last looked (the latest
+        measurement of a key wins: a retried failure is replaced)."""
+        self._failures = {}
         for t in self.study.get_trials(deepcopy=False):
             key = t.user_attrs.get("key")
-            if key and key not in self._cache and "m" in t.user_attrs:
-                self._cache[key] = Measurement(**t.user_attrs["m"])
+            if key and "m" in t.user_attrs:
+                self._cache[key] = m = Measurement(**t.user_attrs["m"])
+                self._failures[key] = self._failures.get(key, 0) + (not m.ok)
 
     def __contains__(self, key: str) -> bool:
         return key in self._cache
@@ -101,9 +110,9 @@ class MeasurementStore:
     def get(self, key: str) -> Measurement | None:
         return self._cache.get(key)
 
-    def put(self, key: str, m: Measurement, label: str = "") -> None:
+    def put(self, key: str, m: Measurement, label: str = "", replace: bool = False) -> None:
         """Write one measurement now (a kill a moment later loses nothing)."""
-        if key in self._cache:
+        if key in self._cache and not replace:
             return
         state = optuna.trial.TrialState.COMPLETE if m.ok else optuna.trial.TrialState.FAIL
         trial = optuna.trial.create_trial(
@@ -111,6 +120,7 @@ class MeasurementStore:
             user_attrs={"key": key, "m": m.to_json(), "label": label, "pid": os.getpid()})
         self.study.add_trial(trial)
         self._cache[key] = m
+        self._failures[key] = self._failures.get(key, 0) + (not m.ok)
 
     def obtain(self, key: str, take: Callable[[], Measurement], label: str = "",
                deadline: float | None = None) -> tuple[Measurement | None, bool]:
@@ -121,17 +131,27 @@ class MeasurementStore:
         claim to expire). None only when ``deadline`` (``time.monotonic``) passes first.
         """
         while True:
-            if key in self._cache:
-                return self._cache[key], False
-            if self.claims.claim(key):
+            cached = self._cache.get(key)
+            retry = self.retry_failed and cached is not None and not cached.ok and key not in self._retried
+            if cached is not None and not retry:
+                return cached, False
+            # A retry claims the attempt after the failures seen when this run began, so
+            # workers retrying together take it once.
+            claim = f"{key}#retry{self._failures_at_start.get(key, 0)}" if retry else key
+            if self.claims.claim(claim):
                 try:
                     m = take()
                 except BaseException:
-                    self.claims.release(key)
+                    self.claims.release(claim)
                     raise
-                self.put(key, m, label)
-                self.claims.done(key)
+                self.put(key, m, label, replace=retry)
+                self.claims.done(claim)
+                self._retried.add(key)
                 return m, True
+            if retry and self.claims.is_done(claim):  # another worker retried it
+                self.refresh()
+                self._retried.add(key)
+                continue
             if deadline is not None and time.monotonic() > deadline:
                 return None, False
             time.sleep(POLL_S)

@@ -75,3 +75,21 @@ def test_store_dedups_and_persists(tmp_path):
     assert again.get("k2").cost_s == float("inf")
     assert len(again.study.get_trials()) == 2
     assert MeasurementStore(url, "other-device").get("k1") is None
+
+
+def test_a_stored_failure_is_retried_once_when_asked(tmp_path):
+    from runners.timing import Measurement
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    MeasurementStore(url, "dev").put("k", Measurement.failed("machine was busy"))
+    calls = []
+
+    def take() -> Measurement:
+        calls.append(1)
+        return Measurement(1e-3, 0.0, 1e-3, 1, 1, best_s=1e-3)
+
+    assert not MeasurementStore(url, "dev").obtain("k", take)[0].ok  # kept by default
+    retrying = MeasurementStore(url, "dev", retry_failed=True)
+    m, took = retrying.obtain("k", take)
+    assert took and m.ok and retrying.obtain("k", take) == (m, False)
+    assert MeasurementStore(url, "dev").get("k").ok and len(calls) == 1  # the latest wins, for everyone
