@@ -64,11 +64,11 @@ class MeasurementStore:
         so a trial left RUNNING by a killed worker is failed and retried."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         heartbeat = {}
         if heartbeat_s:
             heartbeat = {"heartbeat_interval": heartbeat_s, "grace_period": 2 * heartbeat_s,
                          "heartbeat_stale_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)}
-        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         for attempt in range(OPEN_ATTEMPTS):
             try:
                 self.storage = optuna.storages.RDBStorage(storage_url, engine_kwargs=_engine_kwargs(storage_url),
