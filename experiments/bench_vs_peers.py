@@ -48,6 +48,8 @@ def _export(name: str, folder: Path) -> tuple[str, list[str]]:
 def tune_one(spec: str, flags: list[str], args, out: Path) -> dict:
     cmd = [sys.executable, "-m", "partune.cli", "--threads", "1", *flags, "tune", spec,
            "--backends", args.backends, "--storage", args.storage, "--timeout", args.timeout, "-o", str(out)]
+    if args.tune_budget:
+        cmd += ["--tune-budget", args.tune_budget, "--tune-trials", str(args.tune_trials)]
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     row = {"model": Path(spec).stem if spec.endswith(".onnx") else spec, "wall_s": time.monotonic() - start}
@@ -62,7 +64,12 @@ def tune_one(spec: str, flags: list[str], args, out: Path) -> dict:
             "dp_measured_s": notes.get("end_to_end_s", {}).get(notes.get("dp_label", "partune dp")),
             "backends": sorted({r["scope"]["backend"] for r in json.loads(out.read_text())["regions"]}),
             "search_s": float(stats.group(1)) if stats else None,
-            "measurements": int(stats.group(3)) if stats else None}
+            "measurements": int(stats.group(3)) if stats else None,
+            "tuned_regions_in_plan": sum(r["scope"]["backend"] == "tvm-tuned"
+                                         for r in json.loads(out.read_text())["regions"])}
+    if tuning := re.search(r"auto-tuning: (\d+) regions tuned \((\d+) MetaSchedule trials\) in (\d+) s", done.stdout):
+        row |= {"tuned_regions": int(tuning.group(1)), "tuning_trials": int(tuning.group(2)),
+                "tuning_s": int(tuning.group(3))}
     (RESULTS / "vs_peers").mkdir(parents=True, exist_ok=True)
     (RESULTS / "vs_peers" / f"{row['model']}.txt").write_text(done.stdout)
     return row
@@ -70,8 +77,10 @@ def tune_one(spec: str, flags: list[str], args, out: Path) -> dict:
 
 def table(rows: list[dict]) -> str:
     kinds = ("onnxruntime", "torch.compile")  # one column a peer kind; labels say which graph ran
+    tuning = any("tuned_regions" in r for r in rows)
     head = ["model", "emitted plan", "backends", "plan ms", *[f"{k} ms" for k in kinds], "x best peer",
-            "DP est. error", "search s", "measurements"]
+            "DP est. error", "search s", "measurements", *(["tuned (trials, s)", "tuned regions in plan"]
+                                                           if tuning else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         if "error" in r:
@@ -87,6 +96,9 @@ def table(rows: list[dict]) -> str:
         est, meas = r.get("dp_estimate_s"), r.get("dp_measured_s")
         cells.append(f"{(est - meas) / meas:+.0%}" if est and meas else "-")
         cells += [f"{r['search_s']:.0f}" if r.get("search_s") else "-", str(r.get("measurements", "-"))]
+        if tuning:
+            cells += [f"{r.get('tuned_regions', 0)} ({r.get('tuning_trials', 0)}, {r.get('tuning_s', 0)})",
+                      str(r.get("tuned_regions_in_plan", 0))]
         lines.append("| " + " | ".join(cells) + " |")
     ok = [r["speedup"] for r in rows if r.get("speedup")]
     if ok:
@@ -104,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--storage", default=f"sqlite:///{RESULTS / 'measurements.db'}")
     p.add_argument("--timeout", default="15m", help="per-model limit on measuring candidates")
     p.add_argument("--out", default=str(RESULTS / "vs_peers.md"))
+    p.add_argument("--tune-budget", help="auto-tune TVM regions for this long per model (e.g. 4m)")
+    p.add_argument("--tune-trials", type=int, default=32, help="MetaSchedule trials per tuned region")
     args = p.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -112,11 +126,13 @@ def main(argv: list[str] | None = None) -> int:
             spec, flags = _export(name, Path(tmp)) if name in EXPORTS else (name, [])
             rows.append(tune_one(spec, flags, args, Path(tmp) / f"{name}.plan.json"))
             text = table(rows)
-            (RESULTS / "vs_peers.json").write_text(json.dumps(rows, indent=1))
+            Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
             print(f"\n{text}", flush=True)
             Path(args.out).write_text(
                 "# Emitted plan vs the best peer, measured in one process (interleaved rounds)\n\n"
-                f"1 thread, batch 1, backends {args.backends}; peers: onnxruntime on the model as given "
+                f"1 thread, batch 1, backends {args.backends}"
+                + (f" + tvm-tuned (MetaSchedule, {args.tune_budget} per model, {args.tune_trials} trials a "
+                   "region)" if args.tune_budget else "") + "; peers: onnxruntime on the model as given "
                 "(the .onnx file; a torch.onnx.export for zoo models) and torch.compile where a torch "
                 "module exists. Ratios are medians of interleaved rounds; x best peer > 1 means the "
                 "plan is faster. DP est. error: the DP's estimate against its plan measured end to end.\n\n"
