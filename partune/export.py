@@ -19,7 +19,7 @@ from tvm import relax
 
 from backends import registry
 from partune.deployed import FORMAT, MANIFEST, environment, sha256
-from runners.builder import install_codegen
+from runners.builder import install_codegen, main_compiler
 from search import partition
 from search.plan import Plan
 from search.store import device_fingerprint
@@ -53,7 +53,7 @@ def export(model, plan: Plan, out: str | Path, threads: int = 1) -> Path:
         install_codegen(backend)
     lowered = relax.transform.RunCodegen()(partitioned)
     host = plan.config.host
-    ex = registry.get(registry.NATIVE).compile(lowered, host.tvm_target())  # type: ignore[attr-defined]
+    ex = main_compiler(plan).compile(lowered, host.tvm_target())  # type: ignore[attr-defined]
     ex.export_library(str(out / LIBRARY))
     plan.save(out / "plan.json")
     np.savez(out / "example_inputs.npz", *model.inputs)

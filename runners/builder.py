@@ -73,6 +73,13 @@ def flatten_outputs(out) -> list[np.ndarray]:
     return [a for o in out for a in flatten_outputs(o)]
 
 
+def main_compiler(plan: Plan):
+    """The backend that builds ``main`` (what stays inline): native TVM, or, when the plan
+    has tuned TVM regions, the native backend that applies the tuned schedules."""
+    inline = [registry.get(b) for b in plan.backends if registry.get(b).codegen is None]
+    return next((b for b in inline if b.autotuned), registry.get(registry.NATIVE))
+
+
 def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltModel:
     """Validate ``plan`` against the model, partition, run the codegens and compile."""
     plan.validate(graph, registry.names())

@@ -539,7 +539,11 @@ def calibrate(runner: Runner, store: MeasurementStore, config: CompilationConfig
     if isolated[native] is not None and whole[native] is not None:
         out[native] = -isolated[native]
         for scope in config.primitives:
-            if scope != native and isolated[scope] is not None and whole[scope] is not None:
+            if scope == native or isolated[scope] is None or whole[scope] is None:
+                continue
+            if registry.get(scope.backend).codegen is None:  # inline in main, as native TVM is
+                out[scope] = -isolated[scope]
+            else:
                 out[scope] = max((whole[scope] - isolated[scope]) - (whole[native] - isolated[native]), 0.0)
     return out
 
