@@ -68,7 +68,7 @@ class MeasurementStore:
         heartbeat = {}
         if heartbeat_s:
             heartbeat = {"heartbeat_interval": heartbeat_s, "grace_period": 2 * heartbeat_s,
-                         "heartbeat_stale_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=2)}
+                         "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2)}
         for attempt in range(OPEN_ATTEMPTS):
             try:
                 self.storage = optuna.storages.RDBStorage(storage_url, engine_kwargs=_engine_kwargs(storage_url),

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import optuna
-from optuna.storages import RetryFailedTrialCallback
+from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from runners.timing import Measurement
@@ -114,7 +114,7 @@ def test_a_killed_workers_trial_is_failed_and_retried(tmp_path):
     trials = _trials(url)
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert trials[killed[0].number].state == TrialState.FAIL
-    retries = [t for t in trials if RetryFailedTrialCallback.retried_trial_number(t) == killed[0].number]
+    retries = [t for t in trials if RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == killed[0].number]
     assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
     assert retries[0].params == killed[0].params
 
