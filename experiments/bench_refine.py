@@ -79,9 +79,10 @@ def write(rows: list[dict]) -> None:
     for r in rows:
         ms = r["median_ms"]
         dp, ref, single, peer = ms.get("dp"), ms.get("refined"), ms.get(r["best_single"]), ms.get(r["peer"])
-        ratio = f"{dp / ref:.2f}x" if dp and ref else "-"
+        ratio = f"{dp / ref:.2f}x" if dp and ref else "1.00x (kept)"
+        refined = f"{ref:.3f}" if ref else f"DP plan ({r['trials']} variants, none faster)"
         dep = "; ".join(r["deployed"])
-        lines.append(f"| {r['model']} | {r['trials']} | {dp:.3f} | {f'{ref:.3f}' if ref else 'same as DP'} | "
+        lines.append(f"| {r['model']} | {r['trials']} | {dp:.3f} | {refined} | "
                      f"{r['best_single']} ({single:.3f}) | {peer:.3f} | {ratio} | {r['search_s']:.0f} | {dep} |")
     for r in rows:
         if r["front"]:
