@@ -91,8 +91,7 @@ def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltMode
         install_codegen(name)
     lowered = relax.transform.RunCodegen()(partitioned)
     host = plan.config.host
-    native = registry.get(registry.NATIVE)
-    ex = native.compile(lowered, host.tvm_target())  # type: ignore[attr-defined]
+    ex = main_compiler(plan).compile(lowered, host.tvm_target())  # type: ignore[attr-defined]
     device = tvm.device(host.device_type or "cpu", host.virtual_device_id or 0)
     return BuiltModel(relax.VirtualMachine(ex, device), device, partitioned)
 
