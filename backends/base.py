@@ -70,6 +70,9 @@ class Backend(ABC):
     offered_by_default: ClassVar[bool] = True
     # Whether regions must be tuned (``tune_region``) before a measurement means anything.
     autotuned: ClassVar[bool] = False
+    # Whether ``build_region`` keeps what it builds in the build cache (``backends.build_cache``)
+    # when one is active, so building it ahead of time (``runners.build_pool``) pays.
+    caches_builds: ClassVar[bool] = False
 
     @property
     def codegen(self) -> str | None:

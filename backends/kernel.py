@@ -37,6 +37,11 @@ class BoundKernel(ABC):
         self.zero_copy = True  # False once a binding had to fall back to copying
 
     @property
+    def specs(self) -> tuple[list[Spec], list[Spec]]:
+        """(name, dtype, shape) of the inputs and of the outputs, in call order."""
+        return self._in, self._out
+
+    @property
     def input_names(self) -> list[str]:
         return [n for n, _, _ in self._in]
 

@@ -14,7 +14,10 @@ ORT has no kernel for is refused, not discovered later.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
+import os
 import threading
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
@@ -26,8 +29,9 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
+from backends import build_cache
 from backends.base import Backend, BackendError, FusionStyle, Level
-from backends.kernel import BoundKernel
+from backends.kernel import BoundKernel, Spec
 from backends.onnx_idioms import fuse_idioms
 
 if TYPE_CHECKING:
@@ -923,15 +927,20 @@ def probe_once(cache: dict, lock: threading.Lock, key: Any, probe: Callable[[], 
 # The kernel: one session, I/O bound straight to the caller's buffers
 
 
+def model_specs(model: onnx.ModelProto) -> tuple[list[Spec], list[Spec]]:
+    """(name, dtype, shape) of the inputs and of the outputs of a region's ONNX graph."""
+    graph = model.graph
+    return ([(i.name, _info_dtype(i), _info_shape(i)) for i in graph.input],
+            [(o.name, _info_dtype(o), _info_shape(o)) for o in graph.output])
+
+
 class OrtRegionKernel(BoundKernel):
     """A built region: one ORT session whose I/O is bound to the caller's buffers by pointer
     (no copies: ORT writes the results straight into the destinations); see ``BoundKernel``.
     """
 
-    def __init__(self, session: Any, model: onnx.ModelProto) -> None:
-        graph = model.graph
-        super().__init__([(i.name, _info_dtype(i), _info_shape(i)) for i in graph.input],
-                         [(o.name, _info_dtype(o), _info_shape(o)) for o in graph.output])
+    def __init__(self, session: Any, ins: list[Spec], outs: list[Spec]) -> None:
+        super().__init__(ins, outs)
         self.session = session
         self._live = {i.name for i in session.get_inputs()}  # ORT drops unused inputs
 
@@ -968,11 +977,24 @@ def _info_shape(info: onnx.ValueInfoProto) -> tuple[int, ...]:
     return tuple(d.dim_value for d in info.type.tensor_type.shape.dim)
 
 
-def make_session(model: onnx.ModelProto, threads: int) -> Any:
+def _session_options(threads: int, level: Any) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = max(1, int(threads))
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = level
+    so.log_severity_level = 3
+    return so
+
+
+def make_session(model: onnx.ModelProto, threads: int, save_optimized: str | None = None) -> Any:
     """One CPU session: all graph optimisations, sequential, ``threads`` intra-op threads.
 
     ORT's graph optimisers occasionally break a valid model (a fusion drops a tensor
     another node still reads); then the next lower optimisation level is tried.
+    ``save_optimized``: where ORT writes the graph it optimised (``load_session`` runs it).
     """
     import onnxruntime as ort
 
@@ -981,17 +1003,42 @@ def make_session(model: onnx.ModelProto, threads: int) -> Any:
               ort.GraphOptimizationLevel.ORT_DISABLE_ALL]
     first: Exception | None = None
     for level in levels:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = max(1, int(threads))
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = level
-        so.log_severity_level = 3
+        so = _session_options(threads, level)
+        if save_optimized is not None:
+            with contextlib.suppress(OSError):  # not a failed level's graph
+                os.unlink(save_optimized)
+            so.optimized_model_filepath = save_optimized
         try:
             return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - try a lower level, report the first reason
             first = first or e
     raise BackendError(f"onnxruntime could not load the region: {first}") from first
+
+
+def load_session(path: str, threads: int) -> Any:
+    """A session of a graph ORT optimised before (``make_session(save_optimized=...)``): it is
+    not optimised again. Such a graph may hold layout-specific ops (NCHWc) of this CPU."""
+    import onnxruntime as ort
+
+    so = _session_options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+_SPECS = "specs.json"  # a cached region kernel's input and output names, dtypes and shapes
+
+
+def save_specs(directory: str, kernel: BoundKernel) -> None:
+    doc = {side: [[n, str(d), list(s)] for n, d, s in specs]
+           for side, specs in zip(("inputs", "outputs"), kernel.specs, strict=True)}
+    with open(os.path.join(directory, _SPECS), "w") as f:
+        json.dump(doc, f)
+
+
+def load_specs(directory: str) -> tuple[list[Spec], list[Spec]]:
+    with open(os.path.join(directory, _SPECS)) as f:
+        doc = json.load(f)
+    return tuple([(n, np.dtype(d), tuple(s)) for n, d, s in doc[side]]  # type: ignore[return-value]
+                 for side in ("inputs", "outputs"))
 
 
 class OnnxGraphBackend(Backend):
@@ -1004,6 +1051,7 @@ class OnnxGraphBackend(Backend):
     level = Level.COMPILER
     fusion_style = FusionStyle.ARBITRARY
     device_types = ("cpu",)
+    caches_builds = True
 
     def __init__(self, opset: int = MIN_OPSET) -> None:
         if opset < MIN_OPSET:
@@ -1011,13 +1059,33 @@ class OnnxGraphBackend(Backend):
         self.opset = opset
 
     def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> Any:
+        """Translate and compile; with a build cache active, load what was compiled before
+        (nothing is translated then), or store what is compiled (build workers)."""
         if scope.device_type not in (None, *self.device_types):
             raise BackendError(f"{self.name} backend runs on cpu, not {scope.device_type}")
+        entry = build_cache.current()
+        if entry is not None:
+            entry.refine(self.name, self.library_version(), self.opset)
+            kernel = entry.load(lambda d: self.load_kernel(d, threads))
+            if kernel is not None:
+                return kernel
         return self.kernel(relax_to_onnx(func, self.opset), func, threads)
 
     @abstractmethod
     def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int) -> Any:
-        """Compile the region's ONNX graph and return its destination-passing kernel."""
+        """Compile the region's ONNX graph and return its destination-passing kernel
+        (stored in the active build cache entry, if any, for ``load_kernel``)."""
+
+    @abstractmethod
+    def load_kernel(self, directory: str, threads: int) -> Any:
+        """The kernel ``kernel`` stored in a build cache entry's directory."""
+
+    @abstractmethod
+    def library_version(self) -> str:
+        """The compiler's version (a cached build of another version is not used)."""
+
+
+_ORT_MODEL = "optimized.onnx"
 
 
 class OnnxRuntimeBackend(OnnxGraphBackend):
@@ -1029,7 +1097,31 @@ class OnnxRuntimeBackend(OnnxGraphBackend):
         return binding_accepted(binding, self.opset)
 
     def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int) -> OrtRegionKernel:
-        return OrtRegionKernel(make_session(model, threads), model)
+        """A session with all graph optimisations; a build worker stores the graph ORT optimised."""
+        entry = build_cache.current()
+        scratch = entry.scratch(".onnx") if entry is not None else None
+        try:
+            kernel = OrtRegionKernel(make_session(model, threads, scratch), *model_specs(model))
+            if entry is not None and scratch is not None and os.path.exists(scratch):
+                def write(d: str) -> None:
+                    os.replace(scratch, os.path.join(d, _ORT_MODEL))
+                    save_specs(d, kernel)
+
+                entry.store(write)
+        finally:
+            if scratch is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(scratch)
+        return kernel
+
+    def load_kernel(self, directory: str, threads: int) -> OrtRegionKernel:
+        return OrtRegionKernel(load_session(os.path.join(directory, _ORT_MODEL), threads),
+                               *load_specs(directory))
+
+    def library_version(self) -> str:
+        import onnxruntime as ort
+
+        return ort.__version__
 
     def set_threads(self, threads: int) -> None:
         """Threads are per session (``build_region``); nothing process-wide to set."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -33,15 +34,18 @@ import onnx
 import tvm
 from tvm import relax
 
+from backends import build_cache
 from backends.base import BackendError, static_shape, tensor_types
-from backends.kernel import BoundKernel
+from backends.kernel import BoundKernel, Spec
 from backends.onnxruntime_backend import (
     MIN_OPSET,
     OnnxGraphBackend,
     _binding_key,
     binding_accepted,
+    load_specs,
     probe_once,
     relax_to_onnx,
+    save_specs,
 )
 
 if TYPE_CHECKING:
@@ -260,20 +264,25 @@ def _raw_array(ptr: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=nbytes // dtype.itemsize).reshape(shape)
 
 
+def ov_specs(model: onnx.ModelProto, func: relax.Function) -> tuple[list[Spec], list[Spec]]:
+    """(name, dtype, shape) of the inputs and outputs: ONNX names, the Relax types' dtypes."""
+    in_types = [p.ty for p in func.params]
+    out_types = tensor_types(func.body.body.ty if isinstance(func.body, relax.SeqExpr)
+                             else func.ret_ty)
+    return ([(i.name, _np_dtype(t), static_shape(t))
+             for i, t in zip(model.graph.input, in_types, strict=True)],
+            [(o.name, _np_dtype(t), static_shape(t))
+             for o, t in zip(model.graph.output, out_types, strict=True)])
+
+
 class OvRegionKernel(BoundKernel):
     """A built region: each set of buffers gets its own infer request whose input and output
     tensors wrap the caller's memory (OpenVINO reads the inputs and writes the results in
     place); see ``BoundKernel``.
     """
 
-    def __init__(self, compiled: Any, model: onnx.ModelProto, func: relax.Function) -> None:
-        in_types = [p.ty for p in func.params]
-        out_types = tensor_types(func.body.body.ty if isinstance(func.body, relax.SeqExpr)
-                                 else func.ret_ty)
-        super().__init__([(i.name, _np_dtype(t), static_shape(t))
-                          for i, t in zip(model.graph.input, in_types, strict=True)],
-                         [(o.name, _np_dtype(t), static_shape(t))
-                          for o, t in zip(model.graph.output, out_types, strict=True)])
+    def __init__(self, compiled: Any, ins: list[Spec], outs: list[Spec]) -> None:
+        super().__init__(ins, outs)
         self.compiled = compiled
         # OpenVINO drops unused inputs and may merge names: find ports by tensor name.
         self._in_port = [_port(compiled.inputs, name, required=False) for name, _, _ in self._in]
@@ -344,6 +353,9 @@ def _shares(tensor: Any, arr: np.ndarray) -> bool:
     return arr.size == 0 or tensor.data.ctypes.data == arr.ctypes.data
 
 
+_OV_BLOB = "compiled.blob"
+
+
 class OpenVinoBackend(OnnxGraphBackend):
     """OpenVINO on CPU: graph-level, takes any convex region as one compiled model."""
 
@@ -357,7 +369,31 @@ class OpenVinoBackend(OnnxGraphBackend):
         return ov_accepts(binding, self.opset)
 
     def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int) -> OvRegionKernel:
-        return OvRegionKernel(compile_onnx(model, threads), model, func)
+        """Compile for the CPU plugin; a build worker stores the compiled blob (``export_model``)."""
+        compiled = compile_onnx(model, threads)
+        kernel = OvRegionKernel(compiled, *ov_specs(model, func))
+        entry = build_cache.current()
+        if entry is not None:
+            def write(d: str) -> None:
+                blob = compiled.export_model()
+                with open(os.path.join(d, _OV_BLOB), "wb") as f:
+                    f.write(blob.getvalue() if hasattr(blob, "getvalue") else bytes(blob))
+                save_specs(d, kernel)
+
+            entry.store(write)
+        return kernel
+
+    def load_kernel(self, directory: str, threads: int) -> OvRegionKernel:
+        """Import a blob ``kernel`` exported (OpenVINO checks it was made by this version)."""
+        with open(os.path.join(directory, _OV_BLOB), "rb") as f:
+            blob = f.read()
+        compiled = _core().import_model(blob, "CPU", compile_config(threads))
+        return OvRegionKernel(compiled, *load_specs(directory))
+
+    def library_version(self) -> str:
+        import openvino as ov
+
+        return ov.get_version()
 
     def set_threads(self, threads: int) -> None:
         """Threads are per compiled model (``build_region``); the Core default follows too."""

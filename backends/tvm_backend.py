@@ -14,10 +14,14 @@ import tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
+from backends import build_cache
 from backends.base import Backend, FusionStyle, Level, RegionKernel
 
 if TYPE_CHECKING:
     from search.scopes import SEScope
+
+
+LIBRARY = "region.so"  # a region's compiled library in its build cache entry
 
 
 def lower_fused(mod: tvm.IRModule, target: tvm.target.Target,
@@ -83,14 +87,58 @@ def set_tvm_threads(threads: int) -> None:
         config(1, threads)
 
 
+def database_state(path: str | None) -> list:
+    """What a build's result depends on in a MetaSchedule database directory: its files' sizes
+    and modification times (tuning only appends), for the build cache's key."""
+    if not path:
+        return []
+    state = []
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        try:
+            st = os.stat(os.path.join(path, name))
+            state.append([name, st.st_size, st.st_mtime_ns])
+        except OSError:
+            state.append([name, None])
+    return state
+
+
 def build_region_kernel(func: relax.Function, scope: SEScope,
-                        database: str | ms.database.Database | None = None) -> RegionKernel:
-    """Build a region as its own module and VM; the kernel copies results into the destinations."""
-    ex = compile_module(region_module(func), scope.tvm_target(), database)
+                        database: str | ms.database.Database | None = None,
+                        database_dir: str | None = None) -> RegionKernel:
+    """Build a region as its own module and VM; the kernel copies results into the destinations.
+
+    With a build cache active (``backends.build_cache``) the compiled library is loaded
+    from it when there, else compiled and, in a build worker, exported into it.
+    ``database_dir`` is where ``database`` was read from (it enters the cache key).
+    """
     device = tvm.device(scope.device_type or "cpu", scope.virtual_device_id or 0)
-    vm = relax.VirtualMachine(ex, device)
+    entry = build_cache.current()
+    vm = None
+    if entry is not None:
+        where = database_dir or (database if isinstance(database, str) else None)
+        entry.refine("tvm", database is not None, database_state(where))
+        vm = entry.load(lambda d: relax.VirtualMachine(tvm.runtime.load_module(os.path.join(d, LIBRARY)),
+                                                       device))
     n_in = len(func.params)
-    main = vm["main"]
+    if vm is None:
+        ex = compile_module(region_module(func), scope.tvm_target(), database)
+        if entry is not None and entry.write and entry.store(lambda d: ex.export_library(os.path.join(d, LIBRARY))):
+            # A build worker does not run what it builds: the VM (whose set-up JIT-compiles
+            # the code, as long as the compile itself) is made only if the kernel is called.
+            made: list[RegionKernel] = []
+
+            def lazy(*args) -> None:
+                if not made:
+                    made.append(_vm_kernel(relax.VirtualMachine(ex, device)["main"], n_in))
+                made[0](*args)
+
+            return lazy
+        vm = relax.VirtualMachine(ex, device)
+    return _vm_kernel(vm["main"], n_in)
+
+
+def _vm_kernel(main, n_in: int) -> RegionKernel:
+    """Destination-passing over a VM function: run it, copy its results into the outputs."""
 
     def kernel(*args) -> None:
         result = main(*args[:n_in])
@@ -117,6 +165,7 @@ class TvmBackend(Backend):
     level = Level.NATIVE
     fusion_style = FusionStyle.TVM
     device_types = ("cpu", "cuda")
+    caches_builds = True
 
     def __init__(self, database_dir: str | None = None) -> None:
         # The environment carries the setting into worker processes and RPC servers.

@@ -37,6 +37,7 @@ class TunedTvmBackend(Backend):
     device_types = ("cpu", "cuda")
     offered_by_default = False  # pays off only after tuning: offered when a budget is given
     autotuned = True
+    caches_builds = True
 
     def __init__(self, database_dir: str | None = None) -> None:
         # Not an error yet when unset: listing the backends must not fail.
@@ -93,4 +94,4 @@ class TunedTvmBackend(Backend):
             database = open_snapshot(path)
         except Exception as e:  # noqa: BLE001 - a damaged database is this backend's failure
             raise BackendError(f"cannot read tuning database {path}: {e}") from e
-        return build_region_kernel(func, scope, database)
+        return build_region_kernel(func, scope, database, database_dir=path)

@@ -36,15 +36,16 @@ class CostModel:
         return self
 
     def update(self, x: np.ndarray, seconds: np.ndarray, rounds: int = 50) -> CostModel:
-        """Keep boosting on new measurements (XGBoost continues from the current trees)."""
+        """A new model that keeps boosting on new measurements (XGBoost continues from this
+        model's trees); this one is left as it is, so a search can refit from the same base
+        each time it has measured more (and not stack trees on trees)."""
         import xgboost as xgb
 
         if self.booster is None:
-            return self.fit(x, seconds)
+            return CostModel().fit(x, seconds)
         data = xgb.DMatrix(x, label=np.log(np.maximum(seconds, 1e-9)), feature_names=list(NAMES))
-        self.booster = xgb.train(PARAMS, data, num_boost_round=rounds, xgb_model=self.booster)
-        self.trained_on += len(seconds)
-        return self
+        booster = xgb.train(PARAMS, data, num_boost_round=rounds, xgb_model=self.booster)
+        return CostModel(booster, self.trained_on + len(seconds))
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         import xgboost as xgb

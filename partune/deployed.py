@@ -14,7 +14,6 @@ This module imports TVM, numpy and ``backends`` only: nothing of ``search/`` or
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
+
+from backends.checksum import first_damaged
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -32,14 +33,6 @@ BACKEND_PACKAGES = {"torch": "torch", "onnxruntime": "onnxruntime", "openvino": 
 
 class DeployError(RuntimeError):
     """A deploy directory that is incomplete, modified, or built for another environment."""
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def environment(backends: list[str]) -> dict[str, str]:
@@ -122,12 +115,9 @@ def verify(path: Path) -> dict:
         raise DeployError(f"{mpath} is corrupt: {e}") from e
     if manifest.get("format") != FORMAT:
         raise DeployError(f"{path}: deploy format {manifest.get('format')}, this Partune reads {FORMAT}")
-    for name, digest in manifest["files"].items():
-        f = path / name
-        if not f.is_file():
-            raise DeployError(f"{path}: {name} is missing")
-        if sha256(f) != digest:
-            raise DeployError(f"{path}: {name} was modified since export (checksum mismatch)")
+    damaged = first_damaged(path, manifest["files"])
+    if damaged:
+        raise DeployError(f"{path}: {damaged}")
     here = environment(manifest["backends"])
     diff = [f"{k} {v} (exported with {manifest['environment'].get(k)})" for k, v in here.items()
             if manifest["environment"].get(k) != v]

@@ -18,7 +18,8 @@ import tvm
 from tvm import relax
 
 from backends import registry
-from partune.deployed import FORMAT, MANIFEST, environment, sha256
+from backends.checksum import checksums
+from partune.deployed import FORMAT, MANIFEST, environment
 from runners.builder import install_codegen, main_compiler
 from search import partition
 from search.plan import Plan
@@ -69,7 +70,7 @@ def export(model, plan: Plan, out: str | Path, threads: int = 1) -> Path:
         "environment": environment(backends), "plan_backends": list(plan.backends),
         "inputs": [{"name": p.name, "shape": list(a.shape), "dtype": str(a.dtype)}
                    for p, a in zip(params, model.inputs, strict=True)],
-        "regions": regions, "files": {f: sha256(out / f) for f in files},
+        "regions": regions, "files": checksums(out, files),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return out

@@ -98,13 +98,16 @@ def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltMode
 
 
 def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...],
-                   scope: SEScope, protocol: dict | None = None, values: dict | None = None) -> dict:
+                   scope: SEScope, protocol: dict | None = None, values: dict | None = None,
+                   build_cache: str | None = None) -> dict:
     """A request to measure ``nodes`` of main in isolation on ``scope``.
 
     The region is lifted into a function of its own and shipped as TVM JSON, so the
     worker needs nothing of the model but this text. With ``values`` (from
     ``runners.capture``) the request carries the tensors the region reads inside the
-    model; without, the worker draws random ones.
+    model; without, the worker draws random ones. With ``build_cache`` (a directory a
+    ``runners.build_pool.BuildPool`` builds into) the worker loads the region built ahead
+    of time when it is there.
     """
     from runners.capture import region_inputs
     from runners.worker import encode_array
@@ -115,6 +118,8 @@ def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ..
     req = {"kind": "region", "backend": scope.backend, "scope": scope.to_json(),
            "module": tvm.ir.save_json(tvm.IRModule({"region": func})), "function": "region",
            "protocol": protocol or {}}
+    if build_cache:
+        req["build_cache"] = build_cache
     arrays = region_inputs(args, values) if values is not None else None
     if arrays is not None:
         req["inputs"] = [encode_array(a) for a in arrays]

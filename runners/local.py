@@ -4,6 +4,11 @@ One long-lived worker (imports are paid once) measures requests one at a time; t
 parent enforces a timeout per request. A worker that crashes (a segfaulting kernel)
 or hangs is killed with its process group and replaced; the request is costed +inf
 with the error kept.
+
+``cpus`` pins the worker to those cores (``os.sched_setaffinity`` at its start, and TVM
+told not to re-pin: by default TVM binds every process that sets up its thread pool to
+core 0, whatever mask it had). A measuring worker on its own core beside a build pool
+(``runners.build_pool``) on the others is the intended use.
 """
 
 from __future__ import annotations
@@ -17,16 +22,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 
 from runners.runner import Runner
+from runners.worker_main import CPUS_ENV
 
 
 class LocalRunner(Runner):
     startup_timeout_s = 300.0  # importing TVM and torch on a loaded machine
 
-    def __init__(self, timeout_s: float = 120.0, threads: int = 1) -> None:
+    def __init__(self, timeout_s: float = 120.0, threads: int = 1,
+                 cpus: Iterable[int] | None = None) -> None:
         self.timeout_s = timeout_s
         self.threads = threads
+        self.cpus = sorted(set(cpus)) if cpus is not None else None
         self._proc: subprocess.Popen | None = None
         self._log = tempfile.TemporaryFile()
 
@@ -34,6 +43,8 @@ class LocalRunner(Runner):
         if self._proc is None or self._proc.poll() is not None:
             env = dict(os.environ, TVM_NUM_THREADS=str(self.threads), OMP_NUM_THREADS=str(self.threads),
                        PYTHONWARNINGS="ignore")
+            if self.cpus:
+                env |= {CPUS_ENV: ",".join(map(str, self.cpus)), "TVM_BIND_THREADS": "0"}
             self._log.seek(0)
             self._log.truncate()
             self._proc = subprocess.Popen(
@@ -43,6 +54,19 @@ class LocalRunner(Runner):
             if self._read(4, time.monotonic() + self.startup_timeout_s) != b"RDY!":
                 raise ChildProcessError
         return self._proc
+
+    def start(self) -> None:
+        """Start the worker now (its imports paid ahead of the first request)."""
+        try:
+            self._start()
+        except BaseException:
+            self._kill()  # not half started: the next request starts a fresh one
+            raise
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id (it leads its own process group); None when none runs."""
+        return self._proc.pid if self._proc is not None else None
 
     def _kill(self) -> None:
         if self._proc is not None:

@@ -11,6 +11,7 @@ import base64
 import dataclasses
 import io
 import json
+import time
 import traceback
 
 import numpy as np
@@ -61,16 +62,49 @@ def tune_region(req: dict) -> dict:
     return registry.get(req["backend"]).tune_region(func, scope, req["trials"], req["timeout_s"])
 
 
-def measure_region(req: dict) -> Measurement:
-    """Build one region for its backend and time its kernel on the inputs sent (else random ones)."""
-    import tvm
+def build_region(req: dict, write: bool = False, info: dict | None = None):
+    """The region function of a region request and its kernel, built by its backend.
 
-    from backends import registry
-    from backends.base import static_shape, tensor_types
+    With ``build_cache`` in the request, a backend that can (``caches_builds``) loads what
+    a build worker stored (``runners.build_pool``); ``write``: store what is built (build
+    workers). ``info`` receives the build's seconds and what the cache did.
+    """
+    from backends import build_cache, registry
 
     registry.set_threads(req.get("threads", 1))
     func, scope = _region(req)
-    kernel = registry.get(req["backend"]).build_region(func, scope, registry.threads())
+    backend = registry.get(req["backend"])
+    entry = build_cache.entry_for(req, write) if backend.caches_builds else None
+    start = time.perf_counter()
+    with build_cache.active(entry):
+        kernel = backend.build_region(func, scope, registry.threads())
+    if info is not None:
+        info |= {"build_s": time.perf_counter() - start,
+                 "cache": entry.describe() if entry is not None else "off"}
+    return func, kernel
+
+
+def build_into_cache(req: dict) -> dict:
+    """A build worker's request: build a region into the build cache; what happened."""
+    from backends import registry
+
+    if not registry.get(req["backend"]).caches_builds:
+        return {"cache": "not cached by this backend"}
+    info: dict = {}
+    build_region(req, write=True, info=info)
+    return info
+
+
+def measure_region(req: dict, info: dict | None = None) -> Measurement:
+    """Build one region for its backend and time its kernel on the inputs sent (else random ones).
+
+    ``info`` receives how the build went (``build_region``).
+    """
+    import tvm
+
+    from backends.base import static_shape, tensor_types
+
+    func, kernel = build_region(req, info=info)
     if "inputs" in req:  # what the region reads inside the model
         arrays = [decode_array(a) for a in req["inputs"]]
     else:
@@ -156,21 +190,31 @@ def measure_compare(req: dict) -> dict[str, Measurement]:
     return time_interleaved(fns, rounds=req.get("rounds", 5)) | failed
 
 
-HANDLERS = {"region": measure_region, "plan": measure_plan, "compare": measure_compare, "tune": tune_region}
+HANDLERS = {"region": measure_region, "plan": measure_plan, "compare": measure_compare, "tune": tune_region,
+            "build": build_into_cache}
 
 
 def handle(req: dict) -> dict:
-    """One request -> one reply; Python errors become failed measurements."""
+    """One request -> one reply; Python errors become failed measurements.
+
+    A region's reply also says how its build went (``"build"``: seconds, cache outcome);
+    a build request's reply is ``{"build": ...}`` or ``{"error": why}``.
+    """
+    info: dict = {}
     try:
-        m = HANDLERS[req["kind"]](req)
+        m = measure_region(req, info) if req["kind"] == "region" else HANDLERS[req["kind"]](req)
     except Exception as e:  # noqa: BLE001 - any failure costs this candidate only
+        if req["kind"] == "build":
+            return {"error": f"{type(e).__name__}: {last_line(e)}"}
         m = Measurement.failed(f"{type(e).__name__}: {last_line(e)}")
         return {"measurement": m.to_json(), "trace": traceback.format_exc()[-2000:]}
     if req["kind"] == "tune":
         return {"tuning": m}
+    if req["kind"] == "build":
+        return {"build": m}
     if isinstance(m, dict):
         return {"measurements": {label: x.to_json() for label, x in m.items()}}
-    return {"measurement": m.to_json()}
+    return {"measurement": m.to_json()} | ({"build": info} if info else {})
 
 
 def handle_json(text: str) -> str:

@@ -11,8 +11,16 @@ import pickle
 import struct
 import sys
 
+CPUS_ENV = "PARTUNE_CPUS"  # "0" or "1,2,3": the cores this worker may run on (LocalRunner's cpus)
+
 
 def main() -> None:
+    cpus = os.environ.get(CPUS_ENV)
+    if cpus:  # before any library starts a thread: threads inherit it
+        try:
+            os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+        except (OSError, ValueError):  # cores this machine does not lend: run unpinned
+            pass
     # Keep the protocol channel private: anything printed by libraries goes to stderr.
     proto_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

@@ -26,6 +26,7 @@ import numpy as np
 import tvm
 
 from backends import registry
+from runners.build_pool import BuildPool, Lookahead
 from runners.builder import (
     calibration_module,
     compare_request,
@@ -61,7 +62,11 @@ BORDER_ROUNDS = 3  # DP proposals refined by learned border costs, each measured
 FINALISTS = 3
 TOP_K = 3  # with a cost model: candidates measured per DP frontier, by predicted cost
 EPSILON = 0.1  # ... plus this share of the rest, drawn at random (the model learns from them)
-MAX_PREDICTED_ROUNDS = 20  # DP reruns while its plan still holds predicted regions
+MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regions
+# With a cost model, an unmeasured candidate enters the DP at this share of its predicted
+# cost: a prediction a little too high then still gets the candidate tried (measured) when
+# it is near the best, instead of leaving it out for good.
+OPTIMISM = 0.8
 VERDICT_ROUNDS = 7
 VERDICT_TIMEOUT_S = 900.0  # torch.compile of a whole model inside the measuring process
 
@@ -122,7 +127,8 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
          threads: int = 1, pins: dict[int, SEScope] | None = None, deadline: float | None = None,
          progress: Progress | None = None, peers: tuple[str, ...] = ("onnxruntime", "torch.compile"),
          refine_trials: int = 0, previous: Plan | None = None, cost_model=None, memory: bool = False,
-         worker_only: bool = False, tune_budget_s: float = 0.0, tune_trials: int = 32) -> TuneResult:
+         worker_only: bool = False, tune_budget_s: float = 0.0, tune_trials: int = 32,
+         build_pool: BuildPool | None = None) -> TuneResult:
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
     ``previous`` is the plan an earlier run of the same job emitted: it competes again.
@@ -140,7 +146,8 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     none is taken twice, and ``worker_only`` processes stop after refinement. ``peers`` are the tools a user would pick instead
     (``runners.peers``): the finalist plans meet them in one interleaved comparison, and
     the emitted plan is the fastest plan of that comparison, with its standing against
-    the best peer in its notes.
+    the best peer in its notes. With a ``build_pool`` (``runners.build_pool``, local runner
+    only) candidates are built a few ahead on the cores the measurements do not use.
     """
     progress = progress or Progress()
     start = time.monotonic()
@@ -171,14 +178,16 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         progress.start_phase("measure candidates", len(batch))
         # Keys another worker holds are left for last: by then they are usually stored.
         held = {k for k in batch if store.claims.holder(k) is not None}
-        for key in [k for k in batch if k not in held] + [k for k in batch if k in held]:
+        order = [k for k in batch if k not in held] + [k for k in batch if k in held]
+        ahead = Lookahead(build_pool, order, lambda key: region_request(
+            mod, graph, batch[key].subgraph.nodes, batch[key].scope, CANDIDATE_PROTOCOL, values or None))
+        for key in order:
             c = batch[key]
             if deadline is not None and time.monotonic() > deadline:
                 result.timed_out = True
                 break
-            m, took = store.obtain(key, lambda c=c: runner.run(region_request(
-                mod, graph, c.subgraph.nodes, c.scope, CANDIDATE_PROTOCOL, values or None)),
-                f"{model.name} {c}", deadline)
+            m, took = store.obtain(key, lambda key=key: runner.run(ahead.request(key)),
+                                   f"{model.name} {c}", deadline)
             if m is None:
                 result.timed_out = True
                 break
@@ -191,24 +200,36 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
             progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
 
     measure_candidates(todo)
-    if predicted:  # learn from this model's own measurements before the DP trusts the rest
+
+    def learn() -> None:
+        """Refit the cost model on everything measured of this model (from the model it
+        came with, not stacked on the last refit) and predict the unmeasured again."""
+        nonlocal predicted
         seen = [(i, store.get(keys[c])) for i, c in enumerate(cands)]
         if done := [(i, m.cost_s) for i, m in seen if m is not None and m.ok]:
             idx, seconds = zip(*done, strict=True)
             result.cost_model = cost_model.update(x[list(idx)], np.array(seconds))
             predicted = dict(zip(cands, (float(v) for v in result.cost_model.predict(x)), strict=True))
+
+    if predicted:  # learn from this model's own measurements before the DP trusts the rest
+        learn()
     adjust = calibrate(runner, store, config, result)
     result.adjust_s = {k.backend or str(k): v for k, v in adjust.items()}
 
     tuned: dict[str, str] = {}  # an autotuned candidate's key -> the key of its tuned measurement
+
+    def guess(c: Candidate) -> bool:
+        """Whether ``c``'s cost is still the cost model's prediction (not yet measured)."""
+        return c in predicted and c.backend not in autotuned and keys[c] not in store
 
     def cost(c: Candidate) -> float:
         if c.backend in autotuned:
             m = store.get(tuned[keys[c]]) if keys[c] in tuned else None
             return max(m.cost_s + adjust.get(c.scope, 0.0), 0.0) if m is not None and m.ok else float("inf")
         m = store.get(keys[c])
-        if m is None and c in predicted:  # not measured (pruned): the cost model's guess, for now
-            return max(predicted[c] + adjust.get(c.scope, 0.0), 0.0)
+        if m is None and c in predicted:  # not measured (pruned): the cost model's guess, for now,
+            # taken optimistically so that the DP tries (and so measures) near misses
+            return max(predicted[c] * OPTIMISM + adjust.get(c.scope, 0.0), 0.0)
         if m is None or not m.ok:
             return float("inf")
         return max(m.cost_s + adjust.get(c.scope, 0.0), 0.0)
@@ -250,18 +271,19 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         def priced(c: Candidate) -> float:
             return cost(c) + border.extra_s(features[c])
 
-        for _ in range(MAX_PREDICTED_ROUNDS):
+        for rounds_left in range(MAX_PREDICTED_ROUNDS, -1, -1):
+            # The last round trusts no prediction: only measured candidates are left in it.
+            pool = [c for c in cands if c.backend in allowed and (rounds_left or not guess(c))]
             try:
-                cover = cheapest_cover(graph, [c for c in cands if c.backend in allowed], priced)
+                cover = cheapest_cover(graph, pool, priced)
             except NoCoverError:
                 return None
             # A plan is never built on predictions: measure its predicted regions, then redo.
-            guessed = {keys[c]: c for c in cover.candidates if keys[c] not in store}
+            guessed = {keys[c]: c for c in cover.candidates if guess(c)}
             if not guessed:
                 break
             measure_candidates(guessed)
-        else:
-            return None
+            learn()
         regions = tuple(Region(c.subgraph.nodes, c.scope, cost(c)) for c in cover.candidates)
         return cover, Plan(model.name, graph.fingerprint, config, regions,
                            notes={"kind": "collage dp", "estimate_s": cover.cost_s})
