@@ -60,8 +60,8 @@ CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_m
 PLAN_PROTOCOL = {"warmup": 2, "warmup_ms": 100.0, "repeat": 11, "min_repeat_ms": 50.0}
 BORDER_ROUNDS = 3  # DP proposals refined by learned border costs, each measured end to end
 FINALISTS = 3
-TOP_K = 3  # with a cost model: candidates measured per DP frontier, by predicted cost
-EPSILON = 0.1  # ... plus this share of the rest, drawn at random (the model learns from them)
+TOP_K = 1  # with a cost model: candidates measured per DP frontier, by predicted cost
+EPSILON = 0.05  # ... plus this share of all the rest, drawn at random (the model learns from them)
 MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regions
 # With a cost model, an unmeasured candidate enters the DP at this share of its predicted
 # cost: a prediction a little too high then still gets the candidate tried (measured) when
@@ -462,26 +462,27 @@ def _features(graph: DataflowGraph, cands: list[Candidate]) -> np.ndarray:
 
 def _prune(cands: list[Candidate], x: np.ndarray, todo: dict[str, Candidate], cost_model
            ) -> tuple[dict[Candidate, float], dict[str, Candidate]]:
-    """Predicted costs of all candidates, and the part of ``todo`` worth measuring.
+    """Predicted costs of all candidates, and the part of ``todo`` measured up front.
 
     A DP frontier is the set of candidates starting at one node (the DP extends the lowest
-    uncovered node). Per frontier: the ``TOP_K`` cheapest by prediction, plus ``EPSILON``
-    of the others at random (seeded), so the model keeps learning where it is unsure.
-    Every frontier keeps at least one measured candidate.
+    uncovered node). Per frontier the ``TOP_K`` cheapest by prediction are measured, and
+    ``EPSILON`` of all the others, drawn at random (seeded) over the whole model, so the
+    model learns this model's costs where it is unsure. Every frontier keeps at least one
+    measured candidate. What else is measured, the DP asks for (``OPTIMISM``).
     """
     import random
 
     predicted = dict(zip(cands, (float(v) for v in cost_model.predict(x)), strict=True))
-    rng = random.Random(0)
     fronts: dict[int, list[tuple[str, Candidate]]] = {}
     for key, c in todo.items():
         fronts.setdefault(c.subgraph.nodes[0], []).append((key, c))
     keep: dict[str, Candidate] = {}
+    rest: list[tuple[str, Candidate]] = []
     for members in fronts.values():
         members.sort(key=lambda kc: predicted[kc[1]])
         keep.update(members[:TOP_K])
-        rest = members[TOP_K:]
-        keep.update(rng.sample(rest, k=min(len(rest), int(np.ceil(EPSILON * len(rest))))))
+        rest += members[TOP_K:]
+    keep.update(random.Random(0).sample(rest, k=int(np.ceil(EPSILON * len(rest)))))
     return predicted, {k: c for k, c in todo.items() if k in keep}
 
 
