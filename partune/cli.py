@@ -257,6 +257,9 @@ def summarise(result, model) -> str:
         in_plan = sum(registry.get(r.backend).autotuned for r in plan.regions)
         lines.append(f"auto-tuning: {result.tuned_regions} regions tuned ({result.tuning_trials} MetaSchedule "
                      f"trials) in {result.tuning_s:.0f} s; {in_plan} tuned region(s) in the emitted plan")
+        if result.achieved:
+            lines.append("  speed-up of tuning over default schedules, measured: " + ", ".join(
+                f"{kind} {min(s):.1f}-{max(s):.1f}x ({len(s)})" for kind, s in sorted(result.achieved.items())))
     lines.append(f"search {result.search_s:.1f} s; candidates {result.candidates}; measurements made "
                  f"{result.measured} ({result.failed} failed), reused {result.reused}"
                  + ("; stopped early at --timeout" if result.timed_out else ""))

@@ -12,13 +12,16 @@ from the region's untuned TVM cost divided by the speed-up tuning typically brin
 its kind of op (a 256x256 matmul went 15.5 ms -> 0.95 ms; gpt2-small's fused
 element-wise glue 3.4-5.1 us -> 2.5-3.1 us: vectorised and unrolled). Occurrences count the regions of the same structure in
 the model: one tuning serves them all. Regions are tuned in decreasing gain while the
-budget lasts; a region with no expected gain is never tuned.
+budget lasts; a region with no expected gain is never tuned. The typical speed-ups are
+priors: after each tuned region the search passes what its kind achieved (``achieved``)
+and the order is made again, so a kind that tunes worse than expected here (matmul
+against MLAS on one core) stops taking the budget from kinds that tune well.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from search.candidates import Candidate, region_key
@@ -39,19 +42,37 @@ class TuningChoice:
     occurrences: int  # regions of this structure in the model (tuned once)
     best_other_s: float
     estimate_s: float  # tuned cost, estimated
+    untuned_s: float  # the same nodes under TVM's default schedules (measured)
+    kind: str  # the op whose speed-up the estimate used (``anchor_kind``)
+    structure: str  # ``region_key``: regions alike in structure share one tuning
 
 
-def expected_speedup(graph: DataflowGraph, nodes: tuple[int, ...]) -> float:
-    return max((TYPICAL_SPEEDUP.get(graph.nodes[n].op, OTHER_SPEEDUP) for n in nodes), default=OTHER_SPEEDUP)
+def anchor_kind(graph: DataflowGraph, nodes: tuple[int, ...]) -> str:
+    """The region's op that tuning is expected to speed up most ("other": element-wise, data movement)."""
+    known = [graph.nodes[n].op for n in nodes if graph.nodes[n].op in TYPICAL_SPEEDUP]
+    return max(known, key=TYPICAL_SPEEDUP.__getitem__, default="other")
+
+
+def expected_speedup(graph: DataflowGraph, nodes: tuple[int, ...],
+                     achieved: Mapping[str, Sequence[float]] | None = None) -> float:
+    """What tuning should bring the region: the prior of its kind, or, once regions of that
+    kind were tuned in this run, the geometric mean of the prior and what they achieved
+    (measured, untuned / tuned), so a wrong prior is corrected after one or two regions."""
+    kind = anchor_kind(graph, nodes)
+    prior = TYPICAL_SPEEDUP.get(kind, OTHER_SPEEDUP)
+    seen = [s for s in (achieved or {}).get(kind, ()) if s > 0 and math.isfinite(s)]
+    return math.exp(sum(map(math.log, [prior, *seen])) / (1 + len(seen)))
 
 
 def tuning_order(graph: DataflowGraph, tunable: list[Candidate], others: list[Candidate],
-                 cost: Callable[[Candidate], float], native: str) -> list[TuningChoice]:
+                 cost: Callable[[Candidate], float], native: str,
+                 achieved: Mapping[str, Sequence[float]] | None = None) -> list[TuningChoice]:
     """The tunable candidates worth tuning, most expected gain first.
 
     ``others`` are the measured candidates of every other backend; ``cost`` gives their
     measured cost (inf when not measured or failed); ``native`` is the untuned TVM
-    backend whose measurement of the same nodes anchors the estimate.
+    backend whose measurement of the same nodes anchors the estimate; ``achieved`` holds
+    the speed-ups measured so far per kind (``expected_speedup``).
     """
     best: dict[tuple[int, ...], float] = {}
     untuned: dict[tuple[int, ...], float] = {}
@@ -66,10 +87,10 @@ def tuning_order(graph: DataflowGraph, tunable: list[Candidate], others: list[Ca
     for c in tunable:
         groups.setdefault(region_key(graph, c.subgraph.nodes), []).append(c)
     out = []
-    for members in groups.values():
+    for structure, members in groups.items():
         c = members[0]
         nodes = c.subgraph.nodes
-        speedup = expected_speedup(graph, nodes)
+        speedup = expected_speedup(graph, nodes, achieved)
         if speedup <= 1.0 or not math.isfinite(untuned.get(nodes, math.inf)):
             continue
         other = best.get(nodes, math.inf)
@@ -78,5 +99,6 @@ def tuning_order(graph: DataflowGraph, tunable: list[Candidate], others: list[Ca
         estimate = untuned[nodes] / speedup
         gain = (min(other, untuned[nodes]) - estimate) * len(members)
         if gain > 0 and math.isfinite(gain):
-            out.append(TuningChoice(c, gain, len(members), other, estimate))
+            out.append(TuningChoice(c, gain, len(members), other, estimate, untuned[nodes],
+                                    anchor_kind(graph, nodes), structure))
     return sorted(out, key=lambda t: -t.gain_s)

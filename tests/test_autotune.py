@@ -37,6 +37,28 @@ def test_only_regions_with_an_expected_gain_are_tuned_most_gain_first():
     assert math.isclose(order[1].gain_s, 1.4e-6 - 1e-6)
 
 
+def test_a_kind_that_tuned_badly_here_stops_taking_the_budget():
+    g = DataflowGraph.from_function(Residual["main"])  # conv2d -> relu -> add -> sum
+    tunable = [_cand(g, (0, 1), "tvm-tuned"), _cand(g, (2,), "tvm-tuned")]
+    others = [_cand(g, (0, 1), "tvm"), _cand(g, (0, 1), "onnxruntime"), _cand(g, (2,), "tvm"),
+              _cand(g, (2,), "onnxruntime")]
+    cost = {(0, 1, "tvm"): 100e-6, (0, 1, "onnxruntime"): 20e-6, (2, "tvm"): 1.4e-6, (2, "onnxruntime"): 3e-6}
+
+    def order(achieved=None):
+        return tuning_order(g, tunable, others, lambda c: cost[(*c.subgraph.nodes, c.backend)], "tvm", achieved)
+
+    first = order()
+    assert first[0].kind == "nn.conv2d" and first[0].untuned_s == 100e-6 and first[1].kind == "other"
+    # Convolutions tuned here came out only 2x faster, not 10x: sqrt(10 * 2) = 4.5x expected,
+    # 100 / 4.5 = 22 us > 20 us elsewhere: no gain left, the add goes first (and alone).
+    assert [t.kind for t in order({"nn.conv2d": [2.0]})] == ["other"]
+    # Glue that tuned 4x here is expected to gain more than the prior's 1.4x said.
+    better = order({"other": [4.0]})
+    glue = next(t for t in better if t.kind == "other")
+    assert math.isclose(glue.estimate_s, 1.4e-6 / math.sqrt(1.4 * 4.0))
+    assert glue.gain_s > next(t for t in first if t.kind == "other").gain_s
+
+
 def _matmul_model(n: int = 256):
     """One matmul + relu with a constant weight: untuned TVM is far from what tuning gets."""
     x = relax.Var("x", relax.TensorType((n, n), "float32"))
