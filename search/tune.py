@@ -54,7 +54,7 @@ from search.refine import refine
 from search.scopes import CompilationConfig, SEScope
 from search.store import POLL_S, MeasurementStore
 from search.subgraph import SubGraph
-from search.tuning import tuning_order
+from search.tuning import TuningChoice, tuning_order
 
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
 CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
@@ -241,8 +241,29 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
         others = [c for c in cands if c.backend not in autotuned]
         tunable = [c for c in cands if c.backend in autotuned]
         done: set[str] = set()  # structures tuned (or tried) in this run
-        order = tuning_order(graph, tunable, others, cost, config.default.backend)
-        progress.start_phase("tune regions (MetaSchedule), most expected gain first", len(order))
+        structure = {c: region_key(graph, c.subgraph.nodes) for c in tunable}
+
+        def wanted(order: list[TuningChoice]) -> list[TuningChoice]:
+            """The choices the DP would use if they tuned as estimated, most gain first: a
+            region tuned is worth it only if the plan can take it. Tuned regions count at
+            their measured cost; the others at their estimate."""
+            estimate = {t.structure: t.estimate_s for t in order}
+
+            def priced(c: Candidate) -> float:
+                if c.backend in autotuned and keys[c] not in tuned:
+                    x = estimate.get(structure[c])
+                    return math.inf if x is None else max(x + adjust.get(c.scope, 0.0), 0.0)
+                return cost(c)
+
+            try:
+                cover = cheapest_cover(graph, cands, priced)
+            except NoCoverError:
+                return []
+            used = {structure[c] for c in cover.candidates if c.backend in autotuned and keys[c] not in tuned}
+            return [t for t in order if t.structure in used]
+
+        order = wanted(tuning_order(graph, tunable, others, cost, config.default.backend))
+        progress.start_phase("tune regions (MetaSchedule) the DP would use, most expected gain first", len(order))
         while order and (left := min(stop, deadline or stop) - time.monotonic()) > 0:
             choice = order[0]
             done.add(choice.structure)
@@ -256,8 +277,8 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
             progress.advance(f"{choice.kind} x{choice.occurrences}: {choice.untuned_s * 1e6:.0f} us untuned, "
                              f"{tuned_s * 1e6:.0f} us tuned, {choice.best_other_s * 1e6:.0f} us elsewhere")
             # What this kind achieved here corrects its prior before the next region is picked.
-            order = [t for t in tuning_order(graph, tunable, others, cost, config.default.backend, result.achieved)
-                     if t.structure not in done]
+            order = wanted([t for t in tuning_order(graph, tunable, others, cost, config.default.backend,
+                                                    result.achieved) if t.structure not in done])
         result.tuning_s = tune_budget_s - max(stop - time.monotonic(), 0.0)
 
     contenders = result.plans

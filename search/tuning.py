@@ -15,7 +15,9 @@ the model: one tuning serves them all. Regions are tuned in decreasing gain whil
 budget lasts; a region with no expected gain is never tuned. The typical speed-ups are
 priors: after each tuned region the search passes what its kind achieved (``achieved``)
 and the order is made again, so a kind that tunes worse than expected here (matmul
-against MLAS on one core) stops taking the budget from kinds that tune well.
+against MLAS on one core) stops taking the budget from kinds that tune well. The search
+then keeps only the regions its DP would use if they tuned as estimated
+(``search.tune``): a region the plan cannot take is not worth its tuning time.
 """
 
 from __future__ import annotations
