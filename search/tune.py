@@ -303,9 +303,9 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
 
         for rounds_left in range(MAX_PREDICTED_ROUNDS, -1, -1):
             # The last round trusts no prediction: only measured candidates are left in it.
-            pool = [c for c in cands if c.backend in allowed and (rounds_left or not guess(c))]
+            usable = [c for c in cands if c.backend in allowed and (rounds_left or not guess(c))]
             try:
-                cover = cheapest_cover(graph, pool, priced)
+                cover = cheapest_cover(graph, usable, priced)
             except NoCoverError:
                 return None
             # A plan is never built on predictions: measure its predicted regions, then redo.
