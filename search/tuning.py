@@ -55,12 +55,10 @@ def anchor_kind(graph: DataflowGraph, nodes: tuple[int, ...]) -> str:
     return max(known, key=TYPICAL_SPEEDUP.__getitem__, default="other")
 
 
-def expected_speedup(graph: DataflowGraph, nodes: tuple[int, ...],
-                     achieved: Mapping[str, Sequence[float]] | None = None) -> float:
-    """What tuning should bring the region: the prior of its kind, or, once regions of that
+def expected_speedup(kind: str, achieved: Mapping[str, Sequence[float]] | None = None) -> float:
+    """What tuning should bring a region of ``kind`` (``anchor_kind``): its prior, or, once regions of that
     kind were tuned in this run, the geometric mean of the prior and what they achieved
     (measured, untuned / tuned), so a wrong prior is corrected after one or two regions."""
-    kind = anchor_kind(graph, nodes)
     prior = TYPICAL_SPEEDUP.get(kind, OTHER_SPEEDUP)
     seen = [s for s in (achieved or {}).get(kind, ()) if s > 0 and math.isfinite(s)]
     return math.exp(sum(map(math.log, [prior, *seen])) / (1 + len(seen)))
@@ -92,7 +90,8 @@ def tuning_order(graph: DataflowGraph, tunable: list[Candidate], others: list[Ca
     for structure, members in groups.items():
         c = members[0]
         nodes = c.subgraph.nodes
-        speedup = expected_speedup(graph, nodes, achieved)
+        kind = anchor_kind(graph, nodes)
+        speedup = expected_speedup(kind, achieved)
         if speedup <= 1.0 or not math.isfinite(untuned.get(nodes, math.inf)):
             continue
         other = best.get(nodes, math.inf)
@@ -102,5 +101,5 @@ def tuning_order(graph: DataflowGraph, tunable: list[Candidate], others: list[Ca
         gain = (min(other, untuned[nodes]) - estimate) * len(members)
         if gain > 0 and math.isfinite(gain):
             out.append(TuningChoice(c, gain, len(members), other, estimate, untuned[nodes],
-                                    anchor_kind(graph, nodes), structure))
+                                    kind, structure))
     return sorted(out, key=lambda t: -t.gain_s)
