@@ -262,7 +262,12 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
             used = {structure[c] for c in cover.candidates if c.backend in autotuned and keys[c] not in tuned}
             return [t for t in order if t.structure in used]
 
-        order = wanted(tuning_order(graph, tunable, others, cost, config.default.backend))
+        def remaining() -> list[TuningChoice]:
+            """The order of what is left to tune, with the speed-ups measured so far."""
+            return wanted([t for t in tuning_order(graph, tunable, others, cost, config.default.backend,
+                                                   result.achieved) if t.structure not in done])
+
+        order = remaining()
         progress.start_phase("tune regions (MetaSchedule) the DP would use, most expected gain first", len(order))
         while order and (left := min(stop, deadline or stop) - time.monotonic()) > 0:
             choice = order[0]
@@ -276,9 +281,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
                 result.achieved.setdefault(choice.kind, []).append(choice.untuned_s / tuned_s)
             progress.advance(f"{choice.kind} x{choice.occurrences}: {choice.untuned_s * 1e6:.0f} us untuned, "
                              f"{tuned_s * 1e6:.0f} us tuned, {choice.best_other_s * 1e6:.0f} us elsewhere")
-            # What this kind achieved here corrects its prior before the next region is picked.
-            order = wanted([t for t in tuning_order(graph, tunable, others, cost, config.default.backend,
-                                                    result.achieved) if t.structure not in done])
+            order = remaining()  # what this kind achieved corrects its prior before the next pick
         result.tuning_s = tune_budget_s - max(stop - time.monotonic(), 0.0)
 
     contenders = result.plans
