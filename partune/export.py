@@ -20,7 +20,7 @@ from tvm import relax
 from backends import registry
 from backends.checksum import checksums
 from partune.deployed import FORMAT, MANIFEST, environment
-from runners.builder import install_codegen, main_compiler
+from runners.builder import install_codegen, main_compiler, partition_plan
 from search import partition
 from search.plan import Plan
 from search.store import device_fingerprint
@@ -37,8 +37,7 @@ def export(model, plan: Plan, out: str | Path, threads: int = 1) -> Path:
             raise FileExistsError(f"{out} exists and is not a deploy directory: not overwriting it")
         shutil.rmtree(out)
     (out / "regions").mkdir(parents=True)
-    partitioned = partition.apply(plan, model.mod, model.graph, lambda b: registry.get(b).codegen,
-                                  prefix="deploy")
+    partitioned = partition_plan(plan, model.mod, model.graph, prefix="deploy")
     regions = []
     for func in partitioned.functions.values():
         if not isinstance(func, relax.Function) or func.attrs is None or "Codegen" not in func.attrs:

@@ -80,13 +80,19 @@ def main_compiler(plan: Plan):
     return next((b for b in inline if b.autotuned), registry.get(registry.NATIVE))
 
 
+def partition_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph, prefix: str) -> tvm.IRModule:
+    """``plan`` applied to ``mod`` with the registry's codegens; tuned TVM regions keep their
+    borders (``search.partition``), so they run the workloads that were tuned."""
+    return partition.apply(plan, mod, graph, lambda b: registry.get(b).codegen, prefix=prefix,
+                           bordered=lambda b: registry.get(b).autotuned)
+
+
 def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltModel:
     """Validate ``plan`` against the model, partition, run the codegens and compile."""
     plan.validate(graph, registry.names())
     # Kernels are registered globally by symbol: a fresh prefix per build keeps a model
     # built earlier in this process from calling a later build's kernels.
-    partitioned = partition.apply(plan, mod, graph, lambda b: registry.get(b).codegen,
-                                  prefix=f"b{next(_build_ids)}")
+    partitioned = partition_plan(plan, mod, graph, prefix=f"b{next(_build_ids)}")
     for name in plan.backends:
         install_codegen(name)
     lowered = relax.transform.RunCodegen()(partitioned)

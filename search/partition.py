@@ -4,6 +4,11 @@ Regions of native TVM stay in ``main`` and go through TVM's own lowering. Every 
 region becomes a global function with attributes ``Codegen`` (the backend's codegen
 name), ``global_symbol`` and ``partune.scope`` (its SEScope as JSON), called from main;
 ``relax.transform.RunCodegen`` later hands these functions to the backends.
+
+A native region that must keep its borders (tuned TVM: its schedules were found for the
+workloads TVM fuses inside the region alone) becomes a plain Relax function called from
+main: TVM's FuseOps never fuses across a call, so the whole-model build runs exactly the
+fused workloads that were tuned and measured, instead of new ones that have no record.
 """
 
 from __future__ import annotations
@@ -128,12 +133,14 @@ def lift_region(bindings: list[relax.Binding], exits: list[relax.Var], name: str
 
 
 def apply(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph,
-          codegen_of: Callable[[str], str | None], prefix: str = "") -> tvm.IRModule:
+          codegen_of: Callable[[str], str | None], prefix: str = "",
+          bordered: Callable[[str], bool] = lambda backend: False) -> tvm.IRModule:
     """Rewrite ``mod`` so each region runs on its plan's SEScope.
 
     ``codegen_of(backend)`` gives a backend's BYOC codegen name, or None for native TVM;
-    ``prefix`` makes the regions' global symbols unique per build. The plan must already
-    be validated against ``graph``.
+    ``bordered(backend)``: whether a native region of that backend keeps its borders (a
+    function of its own, see the module docstring). ``prefix`` makes the regions' global
+    symbols unique per build. The plan must already be validated against ``graph``.
     """
     func = mod["main"]
     bindings = main_bindings(func)
@@ -148,15 +155,19 @@ def apply(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph,
                 region = regions[k]
                 nodes = sorted(region.nodes)
                 codegen = codegen_of(region.backend)
-                if codegen is None:
+                if codegen is None and not bordered(region.backend):
                     for n in nodes:
                         b = bindings[n]
                         env[b.var] = bb.emit(_substitute(b.value, env), name_hint=b.var.name)
                     continue
                 exits = [bindings[n].var for n in region_exits(graph, set(nodes))]
-                symbol = f"{codegen}_{prefix}r{k}_{nodes[0]}"
-                attrs = {"Codegen": codegen, "global_symbol": symbol,
-                         SCOPE_ATTR: json.dumps(region.scope.to_json())}
+                if codegen is None:  # native, bordered: plain Relax, lowered with main
+                    symbol = f"{region.backend.replace('-', '_')}_{prefix}r{k}_{nodes[0]}"
+                    attrs = {"global_symbol": symbol}
+                else:
+                    symbol = f"{codegen}_{prefix}r{k}_{nodes[0]}"
+                    attrs = {"Codegen": codegen, "global_symbol": symbol,
+                             SCOPE_ATTR: json.dumps(region.scope.to_json())}
                 lifted, args, rebuild = lift_region([bindings[n] for n in nodes], exits, symbol, attrs)
                 gv = bb.add_func(lifted, symbol)
                 call = bb.emit(relax.Call(gv, [_substitute(a, env) for a in args]), name_hint=symbol)

@@ -90,10 +90,33 @@ def test_a_tuned_region_wins_the_dp_and_a_rerun_tunes_nothing(tmp_path, monkeypa
         again = tune(model, ["tvm", "tvm-tuned"], runner, store, peers=(), tune_budget_s=240, tune_trials=16)
     assert first.tuned_regions >= 1 and first.tuning_trials > 0
     assert "tvm-tuned" in first.dp_plan.backends  # it measured faster than untuned TVM
-    # Known gap: when the DP tunes the matmul alone and leaves the relu on untuned TVM, the
-    # whole-model build fuses the two and the fused workload has no tuned record, so the DP
-    # plan may run no faster than tvm-only. The interleaved verdict still emits the fastest.
+    # A tuned region keeps its borders in the whole-model build (search.partition), so the
+    # DP plan runs the workloads that were tuned: end to end it beats untuned TVM.
+    assert first.end_to_end[first.dp_label].cost_s < first.end_to_end["tvm-only"].cost_s
     judged = {label: m.median_s for label, m in first.verdict.items() if m.ok}
     assert first.plan.notes["chosen_as"] == min(judged, key=judged.get)
     assert again.tuning_trials == 0 and again.measured == 0  # records and measurements reused
     assert "tvm-tuned" in again.plan.backends
+
+
+def test_a_tuned_region_is_fused_alone_in_the_whole_model_build():
+    """Tuned matmul + untuned relu: TVM must not fuse them into a workload never tuned."""
+    from backends.tvm_backend import lower_fused
+    from runners.builder import partition_plan
+    from search.plan import Plan, Region
+    from search.scopes import CompilationConfig
+
+    model = _matmul_model(16)
+    config = CompilationConfig.for_cpu(["tvm", "tvm-tuned"], 1)
+    scope = {s.backend: s for s in config.primitives}
+
+    def fused_names(plan_backends: tuple[str, str]) -> list[str]:
+        regions = tuple(Region((i,), scope[b]) for i, b in enumerate(plan_backends))
+        plan = Plan(model.name, model.graph.fingerprint, config, regions)
+        lowered = lower_fused(partition_plan(plan, model.mod, model.graph, "t"), scope["tvm"].tvm_target())
+        return [gv.name_hint for gv, f in lowered.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+
+    assert any("matmul" in n and "relu" in n for n in fused_names(("tvm", "tvm")))  # fused when both untuned
+    names = fused_names(("tvm-tuned", "tvm"))
+    assert not any("matmul" in n and "relu" in n for n in names), names
+    assert any("matmul" in n for n in names) and any("relu" in n for n in names)
