@@ -18,7 +18,7 @@ from backends.base import static_shape, tensor_types
 from search.errors import last_line
 from search.graph import DataflowGraph, main_bindings
 from search.partition import lift_region
-from search.scopes import SEScope
+from search.scopes import SEScope, cpu_target
 
 Values = dict[relax.Var, "np.ndarray | list[np.ndarray]"]
 CAPTURE_LIMIT_BYTES = 2 << 30  # beyond this, regions fall back to valid random inputs
@@ -51,8 +51,9 @@ def capture_values(mod: tvm.IRModule, graph: DataflowGraph, inputs: list[np.ndar
         if not all(backend.accepts(b) for b in bindings):
             continue
         try:
-            kernel = backend.build_region(whole, SEScope(device_type="cpu", backend=name),
-                                          registry.threads())
+            # A fully constrained CPU scope, as CompilationConfig.for_cpu makes: TVM needs the target.
+            scope = SEScope("cpu", 0, cpu_target(registry.threads()), "global", name)
+            kernel = backend.build_region(whole, scope, registry.threads())
         except Exception as e:  # noqa: BLE001 - try the next backend
             errors.append(f"{name}: {last_line(e, 120)}")
             continue

@@ -67,3 +67,11 @@ def test_search_over_an_embedding_gather_has_no_failed_candidate(tmp_path):
         result = tune(_Model(), ["tvm", "torch", "onnxruntime"], runner, store, peers=())
     assert result.inputs_from == "model"
     assert result.measured > 10 and result.failed == 0
+
+
+def test_tvm_alone_captures_the_values_when_no_library_is_offered():
+    """TVM takes every model: with no graph-level library on offer it captures the values."""
+    m = _Model()
+    values = capture_values(m.mod, m.graph, m.inputs, ["tvm"])
+    by_name = {v.name: a for v, a in values.items()}
+    np.testing.assert_allclose(by_name["e"], m.inputs[1][by_name["i"]])
