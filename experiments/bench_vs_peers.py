@@ -3,7 +3,7 @@
 For each model (the zoo, and ONNX exports of architectures the zoo does not hold, built
 in experiments/architectures.py and exported as a user would), run ``partune tune``
 exactly as a user does, then read what its interleaved verdict measured: the emitted
-plan against onnxruntime on the model as given (the user's ONNX file, or a
+plan against onnxruntime and OpenVINO on the model as given (the user's ONNX file, or a
 ``torch.onnx.export`` of a zoo model) and torch.compile where a torch module exists.
 Writes experiments/results/vs_peers.md: per model the plan, each peer, the ratio to the
 best peer, the DP's estimate error, and the geometric mean.
@@ -76,7 +76,7 @@ def tune_one(spec: str, flags: list[str], args, out: Path) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    kinds = ("onnxruntime", "torch.compile")  # one column a peer kind; labels say which graph ran
+    kinds = ("onnxruntime", "openvino", "torch.compile")  # one column a peer kind; labels say which graph ran
     tuning = any("tuned_regions" in r for r in rows)
     head = ["model", "emitted plan", "backends", "plan ms", *[f"{k} ms" for k in kinds], "x best peer",
             "DP est. error", "search s", "measurements", *(["tuned (trials, s)", "tuned regions in plan"]
@@ -90,8 +90,8 @@ def table(rows: list[dict]) -> str:
         plan_ms = v.get(r["chosen_as"], float("nan")) * 1e3
         cells = [r["model"], r["chosen_as"], "+".join(r["backends"]), f"{plan_ms:.3f}"]
         for kind in kinds:
-            label = next((p for p in r.get("peers", []) if p.startswith(kind) and p in v), None)
-            cells.append(f"{v[label] * 1e3:.3f}" if label else "-")
+            label = next((p for p in r.get("peers", []) if p.startswith(kind)), None)
+            cells.append(f"{v[label] * 1e3:.3f}" if label in v else "unavailable" if label else "-")
         cells.append(f"**{r['speedup']:.2f}x**" if r.get("speedup") else "-")
         est, meas = r.get("dp_estimate_s"), r.get("dp_measured_s")
         cells.append(f"{(est - meas) / meas:+.0%}" if est and meas else "-")
@@ -132,9 +132,11 @@ def main(argv: list[str] | None = None) -> int:
                 "# Emitted plan vs the best peer, measured in one process (interleaved rounds)\n\n"
                 f"1 thread, batch 1, backends {args.backends}"
                 + (f" + tvm-tuned (MetaSchedule, {args.tune_budget} per model, {args.tune_trials} trials a "
-                   "region)" if args.tune_budget else "") + "; peers: onnxruntime on the model as given "
-                "(the .onnx file; a torch.onnx.export for zoo models) and torch.compile where a torch "
-                "module exists. Ratios are medians of interleaved rounds; x best peer > 1 means the "
+                   "region)" if args.tune_budget else "") + "; peers: onnxruntime and OpenVINO (f32, latency "
+                "hint) on the model as given (the .onnx file; a torch.onnx.export for zoo models) and "
+                "torch.compile where a torch module exists; 'unavailable': the peer could not read "
+                "the model. An emitted plan named after a peer is the model's own file under that "
+                "library (no partitioned plan beat it). Ratios are medians of interleaved rounds; x best peer > 1 means the "
                 "plan is faster. DP est. error: the DP's estimate against its plan measured end to end.\n\n"
                 + text + "\n")
     return 0

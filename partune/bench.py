@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-PEERS = ("torch", "torch.compile", "onnxruntime")
+PEERS = ("torch", "torch.compile", "onnxruntime", "openvino")
 
 
 @dataclass
@@ -76,17 +76,8 @@ def contenders(model, backends: list[str] | None, peers: list[str] | None, threa
             built = build_plan(plan, model.mod, model.graph)
             return built.prepare(model.inputs), built(model.inputs)
         out.append((f"partune {b}-only plan", "plan", make))
-    wanted = set(peers or PEERS)
-    tm = model.torch_module
-    if tm is not None and "torch" in wanted:
-        out.append(("torch eager", "peer", lambda: _peer(p.torch_eager(tm, model.inputs, threads))))
-    if tm is not None and "torch.compile" in wanted:
-        out.append(("torch.compile (inductor)", "peer", lambda: _peer(p.torch_compile(tm, model.inputs, threads))))
-    if "onnxruntime" in wanted and (model.onnx_bytes is not None or tm is not None):
-        def ort():
-            data = model.onnx_bytes or p.onnx_export(tm, model.inputs)
-            return _peer(p.onnxruntime_session(data, model.inputs, threads))
-        out.append(("onnxruntime (whole model)", "peer", ort))
+    for label, spec in p.peer_specs(model, tuple(peers or PEERS)).items():
+        out.append((label, "peer", lambda spec=spec: _peer(p.make_peer(spec, model.inputs, threads))))
     return out
 
 

@@ -78,11 +78,13 @@ def cmd_run_deployed(args: argparse.Namespace) -> int:
     else:
         inputs = model.example_inputs()
     outputs = model(*inputs)
-    on_device, main = model.to_device(*inputs), model.vm["main"]
-    m_time = time_callable(lambda: main(*on_device))
+    m_time = time_callable(model.prepare(*inputs))
     m_numpy = time_callable(lambda: model(*inputs))
-    print(f"deployed   {m['model']} ({len(m['regions'])} library regions: {', '.join(m['backends']) or 'none'}; "
-          f"plan backends {', '.join(m['plan_backends'])})")
+    if file := m.get("model_file"):
+        print(f"deployed   {m['model']} (the model's own ONNX graph, {file['origin']}, under {file['library']})")
+    else:
+        print(f"deployed   {m['model']} ({len(m['regions'])} library regions: {', '.join(m['backends']) or 'none'}; "
+              f"plan backends {', '.join(m['plan_backends'])})")
     print(f"latency    {m_time.median_s * 1e3:.3f} ms median, {m_time.cost_s * 1e3:.3f} ms best "
           f"({args.threads} thread(s); {m_numpy.median_s * 1e3:.3f} ms median with numpy in and out)")
     if not args.input:
@@ -107,13 +109,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     model = load_model(args)
     plan = Plan.load(args.plan) if args.plan else _backend_plan(model, args.backend, args.threads)
-    built = build_plan(plan, model.mod, model.graph)
+    if plan.model_file is not None:  # the model's own ONNX graph under one library
+        from backends import registry
+        from runners.builder import build_model_file
+        from runners.peers import model_onnx
+
+        plan.validate(model.graph, registry.names())
+        built = build_model_file(plan, model_onnx(model), model.inputs, args.threads)
+    else:
+        built = build_plan(plan, model.mod, model.graph)
     err = max_abs_error(built(model.inputs), model.reference)
     m = time_callable(built.prepare(model.inputs))
     shares = ", ".join(f"{b}: {sum(len(r.nodes) for r in plan.regions if r.backend == b)} nodes"
                        for b in plan.backends)
     print(f"model      {model.name} ({len(model.graph)} nodes, fingerprint {model.graph.fingerprint})")
-    print(f"plan       {args.plan or 'single-backend ' + args.backend}: {len(plan.regions)} regions ({shares})")
+    what = (f"the model's own ONNX graph ({plan.model_file.origin}) under {plan.model_file.library}"
+            if plan.model_file else f"{len(plan.regions)} regions ({shares})")
+    print(f"plan       {args.plan or 'single-backend ' + args.backend}: {what}")
     print(f"latency    {m.median_s * 1e3:.3f} ms median, {m.cost_s * 1e3:.3f} ms best "
           f"(IQR {m.spread_s * 1e3:.3f} ms, CPU {m.cpu_s * 1e3:.3f} ms, "
           f"{m.repeats}x{m.number} calls, {args.threads} thread(s))")
@@ -231,6 +243,12 @@ def summarise(result, model) -> str:
         adj = ", ".join(f"{k} {v * 1e6:+.1f} us" for k, v in result.adjust_s.items())
         lines.append(f"per-region cost in a whole model vs isolated: {adj}")
     known = plan.estimated_cost_s()
+    if plan.model_file is not None:
+        lines.append(f"NO PARTITIONED PLAN BEAT {plan.notes['chosen_as']}: the plan is the model's own ONNX graph "
+                     f"({plan.model_file.origin}) under {plan.model_file.library}, unpartitioned; the best "
+                     f"partitioned plan, '{plan.notes.get('best_partitioned')}', ran "
+                     + (f"{plan.notes['best_partitioned_median_s'] * 1e3:.3f} ms"
+                        if plan.notes.get("best_partitioned_median_s") else "n/a") + " (interleaved medians)")
     lines.append(f"| {'backend':<12} | {'regions':>7} | {'ops':>5} | {'share of time':>13} |")
     lines.append("|--------------|---------|-------|---------------|")
     for b in plan.backends:
@@ -285,11 +303,14 @@ def _verdict_lines(result) -> list[str]:
             lines.append(f"| {kind + label:<36} | {m.median_s * 1e3:9.3f} | {m.cost_s * 1e3:9.3f} | "
                          + (f"{ratio:>39.2f}x |" if peer else f"{ratio:9.2f} |"))
         else:
-            lines.append(f"| {kind + label:<36} | {'failed':>9} | {'-':>9} | {m.error}")
+            lines.append(f"| {kind + label:<36} | {'unavailable' if kind else 'failed':>9} | {'-':>9} | {m.error}")
     notes = result.plan.notes
     if "speedup_vs_best_peer" in notes:
         x = notes["speedup_vs_best_peer"]
-        if x >= 1.0 + NOISE:
+        if result.plan.model_file is not None:
+            lines.append(f"the plan is {notes['chosen_as']} itself"
+                         + (f", {x:.2f}x as fast as {peer}" if peer != notes["chosen_as"] else ", the best peer"))
+        elif x >= 1.0 + NOISE:
             lines.append(f"the plan is {x:.2f}x as fast as {peer}, the best peer (medians)")
         elif x >= 1.0 - NOISE:
             lines.append(f"the plan ties {peer}, the best peer ({x:.2f}x: within {NOISE:.0%}, "
@@ -769,7 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="time each single-backend plan and the usual peers in one run")
     b.add_argument("model", metavar="MODEL")
     b.add_argument("--backends", help="comma-separated backends for single-backend plans (default: all)")
-    b.add_argument("--peers", help="comma-separated peers: torch,torch.compile,onnxruntime (default: all)")
+    b.add_argument("--peers", help="comma-separated peers: torch,torch.compile,onnxruntime,openvino (default: all)")
     b.set_defaults(func=cmd_bench)
 
     t = sub.add_parser("tune", help="search the fastest partitioning (Collage DP on measured candidates)",
@@ -833,10 +854,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "predictions for the rest (it measures any it picks). The model learns this "
                         "run's measurements and is saved (created if missing: the next model's search "
                         "starts from everything measured before)")
-    t.add_argument("--peers", default="onnxruntime,torch.compile",
+    t.add_argument("--peers", default="onnxruntime,openvino,torch.compile",
                    help="the tools you would use instead, timed against the finalist plans in one "
-                        "process, interleaved: onnxruntime (your ONNX file, or a torch.onnx.export), "
-                        "torch.compile, torch; 'none' to skip (default onnxruntime,torch.compile)")
+                        "process, interleaved: onnxruntime and openvino (f32, latency, same threads) on "
+                        "your ONNX file (or a torch.onnx.export, or the Relax module's ONNX translation), "
+                        "torch.compile, torch; 'none' to skip. When a library on your file beats every "
+                        "partitioned plan, that is the plan emitted (default onnxruntime,openvino,torch.compile)")
     t.add_argument("-o", "--output", default="plan.json", help="where to write the plan (default plan.json)")
     t.set_defaults(func=cmd_tune)
 
@@ -923,10 +946,11 @@ def main(argv: list[str] | None = None) -> int:
 def _is_bad_input(e: Exception) -> bool:
     """Errors that mean bad input, told apart without importing the search for it (so that
     running a deploy directory loads no search code)."""
+    from backends.model_file import ModelFileError
     from backends.registry import UnknownBackendError
     from partune.deployed import DeployError
 
-    kinds: list[type] = [UnknownBackendError, DeployError]
+    kinds: list[type] = [UnknownBackendError, DeployError, ModelFileError]
     if "search.errors" in sys.modules:  # nothing else can have raised a PartuneError
         kinds.append(sys.modules["search.errors"].PartuneError)
     return isinstance(e, tuple(kinds))

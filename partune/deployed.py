@@ -1,6 +1,8 @@
 """Load and run a deploy directory written by ``partune export``: no search code involved.
 
-A deploy directory holds the compiled model (``model.so``: the Relax VM executable with
+A deploy directory of a model-file plan (no partitioned plan beat a library on the
+model's own ONNX graph) holds that graph, ``model.onnx``, run here by its library.
+Otherwise it holds the compiled model (``model.so``: the Relax VM executable with
 every TVM-native region compiled in), one file per library region (the region as TVM
 JSON, rebuilt here by its backend: onnxruntime, OpenVINO or torch kernels live in
 Python and are registered in this process under the symbols the executable calls),
@@ -57,12 +59,17 @@ class _Scope:
 
 @dataclass
 class Deployed:
-    """A loaded model: call it with numpy arrays, get a list of numpy arrays back."""
+    """A loaded model: call it with numpy arrays, get a list of numpy arrays back.
+
+    Either a Relax VM (a partitioned plan) or, for a model-file plan, the model's own ONNX
+    graph under its library (``file_run``, a ``backends.model_file.ModelFileRun``).
+    """
 
     vm: object
     device: object
     manifest: dict
     path: Path
+    file_run: object = None
 
     def example_inputs(self) -> list[np.ndarray]:
         """The inputs the model was exported with."""
@@ -73,23 +80,36 @@ class Deployed:
         return _npz(self.path / "reference_outputs.npz")
 
     def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        if self.file_run is not None:
+            return self.file_run(self._checked(inputs))
         return _flatten(self.vm["main"](*self.to_device(*inputs)))
 
-    def to_device(self, *inputs: np.ndarray) -> list:
-        """Checked device tensors for ``vm["main"]``: convert once, call many times."""
-        import tvm
+    def prepare(self, *inputs: np.ndarray):
+        """A no-argument call on these inputs, converted once (what ``partune run`` times)."""
+        if self.file_run is not None:
+            return self.file_run.prepare(self._checked(inputs))
+        args, main = self.to_device(*inputs), self.vm["main"]
+        return lambda: main(*args)
 
+    def _checked(self, inputs) -> list[np.ndarray]:
+        """``inputs`` as contiguous arrays, once they match the manifest's names, shapes and dtypes."""
         want = self.manifest["inputs"]
         if len(inputs) != len(want):
             raise DeployError(f"{self.manifest['model']} takes {len(want)} inputs, got {len(inputs)}")
-        args = []
+        out = []
         for a, spec in zip(inputs, want, strict=True):
             a = np.ascontiguousarray(a)
             if list(a.shape) != spec["shape"] or str(a.dtype) != spec["dtype"]:
                 raise DeployError(f"input '{spec['name']}' must be {spec['dtype']}{spec['shape']}, "
                                   f"got {a.dtype}{list(a.shape)}")
-            args.append(tvm.runtime.tensor(a, self.device))
-        return args
+            out.append(a)
+        return out
+
+    def to_device(self, *inputs: np.ndarray) -> list:
+        """Checked device tensors for ``vm["main"]``: convert once, call many times."""
+        import tvm
+
+        return [tvm.runtime.tensor(a, self.device) for a in self._checked(inputs)]
 
 
 def _npz(path: Path) -> list[np.ndarray]:
@@ -136,6 +156,15 @@ def load(path: str | Path, threads: int | None = None) -> Deployed:
     path = Path(path)
     manifest = verify(path)
     registry.set_threads(threads or manifest["threads"])
+    if file := manifest.get("model_file"):
+        from backends.model_file import ModelFileError, open_model_file
+
+        examples = [np.zeros(i["shape"], i["dtype"]) for i in manifest["inputs"]]
+        try:
+            run = open_model_file(file["library"], (path / file["file"]).read_bytes(), examples, registry.threads())
+        except ModelFileError as e:
+            raise DeployError(f"{path}: {e}") from e
+        return Deployed(None, None, manifest, path, file_run=run)
     for region in manifest["regions"]:
         func = tvm.ir.load_json((path / region["file"]).read_text())["region"]
         scope = _Scope(region["device_type"], region["virtual_device_id"], region["backend"])

@@ -26,6 +26,7 @@ from search.plan import Plan
 from search.store import device_fingerprint
 
 LIBRARY = "model.so"
+MODEL_FILE = "model.onnx"  # a model-file plan's graph
 
 
 def export(model, plan: Plan, out: str | Path, threads: int = 1) -> Path:
@@ -36,6 +37,8 @@ def export(model, plan: Plan, out: str | Path, threads: int = 1) -> Path:
         if not (out / MANIFEST).is_file() and any(out.iterdir()):
             raise FileExistsError(f"{out} exists and is not a deploy directory: not overwriting it")
         shutil.rmtree(out)
+    if plan.model_file is not None:
+        return _export_model_file(model, plan, out, threads)
     (out / "regions").mkdir(parents=True)
     partitioned = partition_plan(plan, model.mod, model.graph, prefix="deploy")
     regions = []
@@ -55,21 +58,40 @@ def export(model, plan: Plan, out: str | Path, threads: int = 1) -> Path:
     host = plan.config.host
     ex = main_compiler(plan).compile(lowered, host.tvm_target())  # type: ignore[attr-defined]
     ex.export_library(str(out / LIBRARY))
+    return _finish(model, plan, out, threads, {"library": LIBRARY, "regions": regions,
+                                                "backends": sorted({r["backend"] for r in regions})})
+
+
+def _export_model_file(model, plan: Plan, out: Path, threads: int) -> Path:
+    """A model-file plan: the model's own ONNX graph, loaded by its library where deployed."""
+    from runners.builder import build_model_file
+    from runners.peers import model_onnx
+
+    data = model_onnx(model)
+    build_model_file(plan, data, model.inputs, threads)  # the file is the plan's, and it loads
+    out.mkdir(parents=True)
+    (out / MODEL_FILE).write_bytes(data)
+    library = plan.model_file.library
+    return _finish(model, plan, out, threads, {"model_file": plan.model_file.to_json() | {"file": MODEL_FILE},
+                                               "regions": [], "backends": [library]})
+
+
+def _finish(model, plan: Plan, out: Path, threads: int, contents: dict) -> Path:
+    """Write the plan, example inputs, reference outputs and the manifest (with checksums)."""
     plan.save(out / "plan.json")
     np.savez(out / "example_inputs.npz", *model.inputs)
     np.savez(out / "reference_outputs.npz", *model.reference)
     params = model.mod["main"].params
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    backends = sorted({r["backend"] for r in regions})
+    host = plan.config.host
     manifest = {
         "format": FORMAT, "model": model.name, "model_fingerprint": model.graph.fingerprint,
-        "reference": model.reference_source, "library": LIBRARY, "device_type": host.device_type or "cpu",
-        "target": host.to_json(), "threads": threads, "backends": backends,
-        "device_fingerprint": device_fingerprint(threads),
-        "environment": environment(backends), "plan_backends": list(plan.backends),
+        "reference": model.reference_source, "device_type": host.device_type or "cpu",
+        "target": host.to_json(), "threads": threads, "device_fingerprint": device_fingerprint(threads),
+        "environment": environment(contents["backends"]), "plan_backends": list(plan.backends),
         "inputs": [{"name": p.name, "shape": list(a.shape), "dtype": str(a.dtype)}
                    for p, a in zip(params, model.inputs, strict=True)],
-        "regions": regions, "files": checksums(out, files),
+        **contents, "files": checksums(out, files),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return out

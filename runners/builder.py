@@ -103,6 +103,24 @@ def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltMode
 
 
 
+def build_model_file(plan: Plan, data: bytes, inputs: list[np.ndarray], threads: int):
+    """A model-file plan (``Plan.model_file``): the model's own ONNX bytes under its library.
+
+    Returns a ``backends.model_file.ModelFileRun`` (called and prepared like ``BuiltModel``).
+    A plan made for the user's file refuses any other file.
+    """
+    from backends.model_file import open_model_file, sha256
+    from search.errors import PlanError
+
+    file = plan.model_file
+    if file is None:
+        raise PlanError("not a model-file plan")
+    if file.sha256 is not None and sha256(data) != file.sha256:
+        raise PlanError(f"the plan runs another ONNX file (sha256 {file.sha256[:12]}..., "
+                        f"this one is {sha256(data)[:12]}...)")
+    return open_model_file(file.library, data, inputs, threads)
+
+
 def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...],
                    scope: SEScope, protocol: dict | None = None, values: dict | None = None,
                    build_cache: str | None = None) -> dict:

@@ -1,7 +1,10 @@
 """The tools a user would pick instead of Partune, run under the same timing protocol.
 
-``partune bench`` measures these beside Partune's plans in one run, so every ratio it
-prints compares numbers taken on the same machine at the same time.
+The verdict of ``partune tune`` and ``partune bench`` measure these beside Partune's plans
+in one run, so every ratio printed compares numbers taken on the same machine at the same
+time. onnxruntime and OpenVINO run the user's own ONNX file (or an export of the model)
+through ``backends.model_file``: the same code that runs a model-file plan, so when a
+library on the user's file wins, the plan that says so is exactly what was timed.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from backends.model_file import LIBRARIES, open_model_file
 from search.errors import last_line
 
 Runnable = Callable[[], object]
@@ -67,55 +71,74 @@ def onnx_export(module, inputs: list[np.ndarray]) -> bytes:
     return data
 
 
-def onnxruntime_session(onnx_bytes: bytes, inputs: list[np.ndarray], threads: int) -> Runnable:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(onnx_bytes, opts, providers=["CPUExecutionProvider"])
-    feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs, strict=True)}
-    return lambda: sess.run(None, feed)
+def model_origin(model) -> str:
+    """Which ONNX graph the library peers run: the user's own file, else an export."""
+    if model.onnx_bytes is not None:
+        return "your .onnx file"
+    return "torch.onnx.export" if model.torch_module is not None else "Relax-to-ONNX export"
 
 
-# Peers travel to the measuring process as specs: what to build there, next to the plans.
-PEER_LABELS = {"onnxruntime": "onnxruntime", "torch.compile": "torch.compile (inductor)",
-               "torch": "torch eager"}
+def model_onnx(model) -> bytes:
+    """The ONNX graph a user of ``model`` would hand onnxruntime or OpenVINO: their own file,
+    else ``torch.onnx.export`` of the torch module, else (a TVMScript model) the whole
+    Relax module translated to ONNX. Raises with the reason when there is none."""
+    if model.onnx_bytes is not None:
+        return model.onnx_bytes
+    if model.torch_module is not None:
+        return onnx_export(model.torch_module, model.inputs)
+    from backends.onnxruntime_backend import relax_to_onnx
+
+    return relax_to_onnx(model.mod["main"]).SerializeToString()
+
+
+# The peers: graph-level libraries on the model's ONNX graph (``backends.model_file``, the
+# very code a model-file plan deploys with), and torch on the module.
+LIBRARY_PEERS = LIBRARIES
+PEER_LABELS = {"onnxruntime": "onnxruntime", "openvino": "openvino",
+               "torch.compile": "torch.compile (inductor)", "torch": "torch eager"}
+DEFAULT_PEERS = ("onnxruntime", "openvino", "torch.compile")
 
 
 def peer_label(kind: str, model) -> str:
-    """How a peer is named in tables: onnxruntime says which ONNX graph it ran."""
-    if kind == "onnxruntime":
-        return "onnxruntime (your .onnx file)" if model.onnx_bytes is not None else "onnxruntime (torch.onnx.export)"
+    """How a peer is named in tables: a library says which ONNX graph it ran."""
+    if kind in LIBRARY_PEERS:
+        return f"{kind} ({model_origin(model)})"
     return PEER_LABELS[kind]
 
 
-def peer_specs(model, wanted: tuple[str, ...] = ("onnxruntime", "torch.compile")) -> dict[str, dict]:
+def peer_kind(label: str) -> str | None:
+    """The peer kind of a label made by ``peer_label`` (None: not a peer's label)."""
+    return next((k for k in PEER_LABELS if label == PEER_LABELS[k] or label.startswith(f"{k} (")), None)
+
+
+def available_peers(model, wanted: tuple[str, ...]) -> tuple[str, ...]:
+    """The peer kinds of ``wanted`` that ``model`` can have at all (torch needs the module)."""
+    return tuple(k for k in wanted if k in PEER_LABELS and (k in LIBRARY_PEERS or model.torch_module is not None))
+
+
+def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS) -> dict[str, dict]:
     """Specs of the peers a user of ``model`` would pick instead of Partune.
 
-    onnxruntime runs the user's own ONNX file when the model came as one, else a
-    ``torch.onnx.export`` of the torch module; the torch peers need the module. A peer
-    that cannot be packaged (an export that fails) is left out with its reason.
+    onnxruntime and OpenVINO run ``model_onnx(model)``; the torch peers need the module.
+    A peer that cannot be packaged (an export that fails) is an "unavailable" spec with
+    its one-line reason; one the library cannot read fails where it is built.
     """
     import base64
 
     specs: dict[str, dict] = {}
-    tm = model.torch_module
-    if "onnxruntime" in wanted and (model.onnx_bytes is not None or tm is not None):
+    libraries = [k for k in available_peers(model, wanted) if k in LIBRARY_PEERS]
+    if libraries:
         try:
-            data = model.onnx_bytes or onnx_export(tm, model.inputs)
-            specs[peer_label("onnxruntime", model)] = {"kind": "onnxruntime",
-                                                        "onnx": base64.b64encode(data).decode()}
-        except Exception as e:  # noqa: BLE001 - the exporter raises many kinds
-            specs[peer_label("onnxruntime", model)] = {"kind": "unavailable",
-                                                        "why": f"torch.onnx.export: {last_line(e, 160)}"}
+            data = base64.b64encode(model_onnx(model)).decode()
+            specs |= {peer_label(k, model): {"kind": k, "onnx": data} for k in libraries}
+        except Exception as e:  # noqa: BLE001 - the exporters raise many kinds
+            why = f"{model_origin(model)}: {last_line(e, 160)}"
+            specs |= {peer_label(k, model): {"kind": "unavailable", "why": why} for k in libraries}
     for kind in ("torch.compile", "torch"):
-        if kind in wanted and tm is not None:
+        if kind in available_peers(model, wanted):
             try:
                 specs[peer_label(kind, model)] = {"kind": kind,
-                                                  "module": base64.b64encode(_pickle_module(tm)).decode()}
+                                                  "module": base64.b64encode(_pickle_module(model.torch_module)).decode()}
             except Exception as e:  # noqa: BLE001 - unpicklable modules
                 specs[peer_label(kind, model)] = {"kind": "unavailable",
                                                   "why": f"cannot ship the module: {last_line(e, 160)}"}
@@ -126,8 +149,8 @@ def make_peer(spec: dict, inputs: list[np.ndarray], threads: int) -> Runnable:
     """Build a peer from its spec, ready to time (compilation happens here, untimed)."""
     import base64
 
-    if spec["kind"] == "onnxruntime":
-        return onnxruntime_session(base64.b64decode(spec["onnx"]), inputs, threads)
+    if spec["kind"] in LIBRARY_PEERS:
+        return open_model_file(spec["kind"], base64.b64decode(spec["onnx"]), inputs, threads).prepare(inputs)
     if spec["kind"] in ("torch", "torch.compile"):
         import torch
 

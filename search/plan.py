@@ -44,6 +44,28 @@ class Region:
                    data.get("cost_s"))
 
 
+@dataclass(frozen=True)
+class ModelFile:
+    """The plan that runs the model's own ONNX graph whole under one library, unpartitioned.
+
+    It is what the search emits when no partitioned plan beats that library on the user's
+    file: a plan is then never slower than the best library peer. ``origin`` says which
+    graph ("your .onnx file", "torch.onnx.export", ...); ``sha256`` names the user's file,
+    so the plan refuses to run another one (None for an export, made again where needed).
+    """
+
+    library: str
+    origin: str
+    sha256: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"library": self.library, "origin": self.origin, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelFile:
+        return cls(str(data["library"]), str(data["origin"]), data.get("sha256"))
+
+
 def tool_versions() -> dict[str, str]:
     """Versions that decide whether a plan's costs still hold."""
     from importlib.metadata import PackageNotFoundError, version
@@ -67,6 +89,7 @@ class Plan:
     regions: tuple[Region, ...]
     versions: dict[str, str] = field(default_factory=tool_versions, compare=False)
     notes: dict[str, Any] = field(default_factory=dict, compare=False)
+    model_file: ModelFile | None = None  # set: the model's own ONNX graph, whole (``ModelFile``)
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -77,9 +100,10 @@ class Plan:
         return None if any(c is None for c in costs) else sum(costs)  # type: ignore[arg-type]
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "model": self.model, "fingerprint": self.fingerprint,
-                "config": self.config.to_json(), "regions": [r.to_json() for r in self.regions],
-                "versions": self.versions, "notes": self.notes}
+        out = {"format": FORMAT, "model": self.model, "fingerprint": self.fingerprint,
+               "config": self.config.to_json(), "regions": [r.to_json() for r in self.regions],
+               "versions": self.versions, "notes": self.notes}
+        return out | ({"model_file": self.model_file.to_json()} if self.model_file else {})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
@@ -89,7 +113,8 @@ class Plan:
             return cls(model=data["model"], fingerprint=data["fingerprint"],
                        config=CompilationConfig.from_json(data["config"]),
                        regions=tuple(Region.from_json(r) for r in data["regions"]),
-                       versions=dict(data.get("versions", {})), notes=dict(data.get("notes", {})))
+                       versions=dict(data.get("versions", {})), notes=dict(data.get("notes", {})),
+                       model_file=ModelFile.from_json(data["model_file"]) if data.get("model_file") else None)
         except (KeyError, TypeError, ValueError, ScopeError) as e:
             raise PlanError(f"malformed plan: {e}") from e
 
@@ -170,6 +195,16 @@ def contiguous_runs(nodes: list[int]) -> list[tuple[int, ...]]:
         else:
             runs.append([n])
     return [tuple(r) for r in runs]
+
+
+def model_file_plan(model: str, graph: DataflowGraph, config: CompilationConfig, file: ModelFile,
+                    notes: dict[str, Any] | None = None) -> Plan:
+    """The plan that runs the model's own ONNX graph under ``file.library``: one region of
+    every node (so it validates like any plan), built from the file, not from Relax."""
+    scope = next((s for s in config.primitives if s.backend == file.library),
+                 SEScope(device_type="cpu", backend=file.library))
+    return Plan(model, graph.fingerprint, config, (Region(tuple(range(len(graph))), scope),),
+                notes=notes or {}, model_file=file)
 
 
 def single_backend_plan(model: str, graph: DataflowGraph, config: CompilationConfig,

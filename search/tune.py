@@ -27,6 +27,7 @@ import numpy as np
 import tvm
 
 from backends import registry
+from backends.model_file import sha256
 from runners.build_pool import BuildPool, Lookahead
 from runners.builder import (
     calibration_module,
@@ -36,6 +37,7 @@ from runners.builder import (
     region_request,
     tune_request,
 )
+from runners.peers import DEFAULT_PEERS, model_origin, peer_kind
 from runners.runner import Runner
 from runners.timing import Measurement
 from search.borders import BorderModel, Equation, fit, region_features
@@ -49,7 +51,7 @@ from search.candidates import (
 from search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from search.errors import last_line
 from search.graph import DataflowGraph
-from search.plan import Plan, Region
+from search.plan import ModelFile, Plan, Region, model_file_plan
 from search.refine import refine
 from search.scopes import CompilationConfig, SEScope
 from search.store import POLL_S, MeasurementStore
@@ -78,6 +80,8 @@ def candidate_key(graph, c: Candidate) -> str:
 
 def plan_key(plan: Plan) -> str:
     doc = [plan.fingerprint, sorted((list(r.nodes), r.scope.to_json()) for r in plan.regions)]
+    if plan.model_file is not None:  # (partitioned plans keep the keys they always had)
+        doc.append(plan.model_file.to_json())
     return "plan:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -127,7 +131,7 @@ class TuneResult:
 
 def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
          threads: int = 1, pins: dict[int, SEScope] | None = None, deadline: float | None = None,
-         progress: Progress | None = None, peers: tuple[str, ...] = ("onnxruntime", "torch.compile"),
+         progress: Progress | None = None, peers: tuple[str, ...] = DEFAULT_PEERS,
          refine_trials: int = 0, previous: Plan | None = None, cost_model=None, memory: bool = False,
          worker_only: bool = False, tune_budget_s: float = 0.0, tune_trials: int = 32,
          build_pool: BuildPool | None = None) -> TuneResult:
@@ -412,7 +416,8 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     if worker_only:  # a helper worker: the primary takes it from here
         result.search_s = time.monotonic() - start
         return result
-    if previous is not None and previous.fingerprint == graph.fingerprint:
+    # A model-file plan is not rebuilt here: its library meets the plans as a peer again.
+    if previous is not None and previous.fingerprint == graph.fingerprint and previous.model_file is None:
         if offer("previous best", previous):  # a resumed job never emits worse than before
             end_to_end("previous best", previous)
     ok = {label: m for label, m in result.end_to_end.items() if m.ok}
@@ -441,19 +446,41 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     notes = {**chosen.notes, "chosen_as": best, "measured_s": ok[best].cost_s,
              "end_to_end_s": {k: v.cost_s for k, v in ok.items()},
              "verdict_median_s": {k: v.median_s for k, v in result.verdict.items() if v.ok},
-             "peers": list(result.peers)}
+             "peers": list(result.peers),
+             "peers_unavailable": {k: v.error for k, v in result.verdict.items() if k in result.peers and not v.ok}}
     if result.dp_label is not None:
         notes |= {"dp_label": result.dp_label, "dp_estimate_s": result.dp_estimate_s,
                   "border_model": result.border.describe()}
     if result.front:
         notes["pareto_front"] = [{"latency_s": m.cost_s, "peak_bytes": m.peak_bytes, "backends": list(p.backends),
                                   "regions": len(p.regions)} for p, m in result.front]
+    file_peer = _fastest_library_peer(result)
+    file = None
+    if file_peer is not None and (not judged or result.verdict[file_peer].median_s < judged[best].median_s):
+        # No plan beat a library on the model's own file: that is the plan (never slower than it).
+        file = ModelFile(peer_kind(file_peer), model_origin(model),
+                         sha256(model.onnx_bytes) if model.onnx_bytes else None)
+        notes |= {"kind": "model file", "chosen_as": file_peer, "measured_s": result.verdict[file_peer].cost_s,
+                  "best_partitioned": best,
+                  "best_partitioned_median_s": judged[best].median_s if judged else None}
+        best, judged = file_peer, {file_peer: result.verdict[file_peer]}
     if (peer := result.best_peer) is not None and best in judged:
         ratio = result.verdict[peer].median_s / judged[best].median_s
         notes |= {"best_peer": peer, "speedup_vs_best_peer": ratio, "beats_best_peer": ratio >= 1.0}
-    result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, regions, notes=notes)
+    result.plan = (model_file_plan(model.name, graph, config, file, notes) if file is not None
+                   else Plan(chosen.model, chosen.fingerprint, chosen.config, regions, notes=notes))
     result.search_s = time.monotonic() - start
     return result
+
+
+def _fastest_library_peer(result: TuneResult) -> str | None:
+    """The verdict's fastest library peer on the model's own graph (onnxruntime, OpenVINO):
+    the one a model-file plan can be made of. None when no such peer ran."""
+    from runners.peers import LIBRARY_PEERS
+
+    ok = [p for p in result.peers if peer_kind(p) in LIBRARY_PEERS and result.verdict.get(p) is not None
+          and result.verdict[p].ok]
+    return min(ok, key=lambda p: result.verdict[p].median_s) if ok else None
 
 
 def _autotune(c: Candidate, base_key: str, trials: int, left_s: float, mod, graph: DataflowGraph,
@@ -536,10 +563,9 @@ def _capture(model, backends: list[str], result: TuneResult, progress: Progress)
 def _verdict(model, module_json: str, finalists: dict[str, Plan], peers: tuple[str, ...],
              runner: Runner, store: MeasurementStore, result: TuneResult, progress: Progress) -> None:
     """Finalist plans against the peers, in one process, interleaved; stored like the rest."""
-    from runners.peers import PEER_LABELS, peer_label, peer_specs
+    from runners.peers import available_peers, peer_label, peer_specs
 
-    wanted = tuple(p for p in peers if p in PEER_LABELS
-                   and (model.torch_module is not None or (p == "onnxruntime" and model.onnx_bytes)))
+    wanted = available_peers(model, peers)
     doc = [model.graph.fingerprint, sorted(plan_key(p) for p in finalists.values()), sorted(wanted)]
     key = "verdict:" + hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:24] + ":"
     labels = list(finalists) + [peer_label(p, model) for p in wanted]

@@ -62,3 +62,22 @@ def write_pt2(path: Path) -> Path:
     ep = torch.export.export(model, (torch.randn(2, 16),))
     torch.export.save(ep, str(path))
     return path
+
+
+def write_matmul_onnx(path: Path, n: int = 384) -> Path:
+    """Two large matmuls with a ReLU between: untuned TVM is far slower than any BLAS here,
+    so a library on this file beats every plan over TVM alone."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array((rng.standard_normal((n, n)) / np.sqrt(n)).astype("float32"), "w1")
+    w2 = numpy_helper.from_array((rng.standard_normal((n, n)) / np.sqrt(n)).astype("float32"), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, n])], [w1, w2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path

@@ -108,7 +108,8 @@ def test_crashing_kernel_costs_one_candidate(tmp_path, chain_file, crash_backend
     failed = [t for t in _trials(url) if t.state == optuna.trial.TrialState.FAIL]
     assert failed and all("SIGSEGV" in t.user_attrs["m"]["error"] for t in failed)
     regions = json.loads(out.read_text())["regions"]
-    assert regions and all(r["scope"]["backend"] == "tvm" for r in regions)
+    # The plan is over TVM, or the file under a library peer when that was faster: never the crasher.
+    assert regions and all(r["scope"]["backend"] != "segfault" for r in regions)
 
 
 def test_hanging_kernel_times_out_and_the_runner_recovers(crash_backends):
@@ -201,7 +202,8 @@ def test_finalists_meet_onnxruntime_on_the_users_file(tmp_path, capsys):
     assert "(peer) onnxruntime (your .onnx file)" in text
     notes = json.loads(out.read_text())["notes"]
     assert notes["best_peer"] == "onnxruntime (your .onnx file)"
-    assert notes["speedup_vs_best_peer"] > 0
+    medians = notes["verdict_median_s"]
+    assert notes["speedup_vs_best_peer"] == pytest.approx(medians[notes["best_peer"]] / medians[notes["chosen_as"]])
     assert set(notes["verdict_median_s"]) >= {"onnxruntime (your .onnx file)", notes["chosen_as"]}
     assert notes["dp_estimate_s"] > 0 and "DP estimate" in text  # predicted before it was measured
     # A second run takes the verdict from the store too.
