@@ -153,9 +153,14 @@ def write_report(storage: str, study_name: str, plan: Plan, out: Path, model=Non
     lines = [f"# {plan.model}: tuning job '{study_name}'", ""]
     chosen = notes.get("chosen_as", "?")
     verdict = notes.get("verdict_median_s", {})
-    lines.append(f"Emitted plan: **{chosen}**, {len(plan.regions)} regions over "
-                 f"{', '.join(plan.backends)}.")
-    if "speedup_vs_best_peer" in notes:
+    if plan.model_file is not None:
+        lines.append(f"Emitted plan: **{chosen}**: no partitioned plan beat the model's own ONNX graph "
+                     f"({plan.model_file.origin}) under {plan.model_file.library}, so that is the plan "
+                     f"(the best partitioned one, '{notes.get('best_partitioned')}', was slower).")
+    else:
+        lines.append(f"Emitted plan: **{chosen}**, {len(plan.regions)} regions over "
+                     f"{', '.join(plan.backends)}.")
+    if "speedup_vs_best_peer" in notes and plan.model_file is None:
         x = notes["speedup_vs_best_peer"]
         lines.append(f"Against the best peer ({notes['best_peer']}): **{x:.2f}x** "
                      f"({'faster' if x >= 1 else 'slower'}; medians of interleaved rounds in one process).")
