@@ -67,6 +67,40 @@ class _BoolCumsumFix(relax.PyExprMutator):
         return call
 
 
+@relax.expr_functor.mutator
+class _WholeInputPool(relax.PyExprMutator):
+    """A 2-D pool whose one window covers the whole unpadded input is a mean (max) over H, W.
+
+    Hugging Face EfficientNet pools with ``AvgPool2d(hidden_dim, ceil_mode=True)``: a
+    1280-wide window over a 7x7 map. Every framework clips the window to the input (the
+    divisor is H*W), but kept as a pool it costs untuned TVM a loop over 1280^2 taps per
+    channel (the OpenVINO-only plan ran it there: 0.7 s), and OpenVINO refuses a kernel larger
+    than its input. As a reduction it is a global pool for every backend.
+    """
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        out = call.ty  # the type the import inferred (a rewritten call has none yet)
+        call = super().visit_call_(call)
+        if not isinstance(call.op, tvm.ir.Op) or call.op.name not in ("relax.nn.avg_pool2d",
+                                                                       "relax.nn.max_pool2d"):
+            return call
+        a, ty = call.attrs, call.args[0].ty
+        if (str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW"
+                or not isinstance(ty, relax.TensorType) or not isinstance(out, relax.TensorType)
+                or ty.shape is None or out.shape is None or len(ty.shape.values) != 4):
+            return call
+        try:
+            hw = [int(v) for v in ty.shape.values[2:]]
+            out_hw = [int(v) for v in out.shape.values[2:]]
+        except TypeError:  # symbolic
+            return call
+        if (out_hw != [1, 1] or any(int(p) for p in a.padding) or any(int(d) != 1 for d in a.dilation)
+                or any(int(k) < n for k, n in zip(a.pool_size, hw, strict=True))):
+            return call
+        reduce = relax.op.mean if call.op.name == "relax.nn.avg_pool2d" else relax.op.max
+        return reduce(call.args[0], axis=[2, 3], keepdims=True)
+
+
 DEVICE_TYPES = {1: "cpu", 2: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm"}
 
 
@@ -100,9 +134,11 @@ def _strip_hints(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, SEScope]]:
 
 
 def normalise(mod: tvm.IRModule) -> tvm.IRModule:
-    """Make an imported module buildable and uniform: bool cumsum fixed, constants folded, no dead code."""
+    """Make an imported module buildable and uniform: bool cumsum fixed, whole-input pools made
+    reductions, constants folded, no dead code."""
     mod = mod.clone() if hasattr(mod, "clone") else mod
     mod["main"] = _BoolCumsumFix().visit_expr(mod["main"])
+    mod["main"] = _WholeInputPool().visit_expr(mod["main"])
     # Work that depends on no input (masks built from constants) is done once, here.
     mod = relax.transform.FoldConstant()(mod)
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
@@ -225,6 +261,60 @@ def fold_onnx_shapes(proto):
         return proto
 
 
+def explicit_conv_pads(proto):
+    """Conv ``auto_pad`` SAME_UPPER / SAME_LOWER written out as ``pads``, once shapes are static.
+
+    torch exports ``Conv2d(padding="same")`` (Hugging Face EfficientNet, MobileNet-style
+    models) as ``auto_pad=SAME_UPPER``; the Relax frontend turns every such Conv into a
+    TOPI pad (a ``call_tir`` no graph-level backend can take) followed by the conv, even
+    where the padding is zero. With the pads explicit the conv carries them itself.
+    Computed as the ONNX spec says (and TVM's ``autopad``): total = max((ceil(i/s) - 1) * s +
+    (k - 1) * d + 1 - i, 0), the odd element at the end (UPPER) or the start (LOWER).
+    """
+    import onnx
+    from onnx import helper
+
+    def same(node) -> bool:
+        return node.op_type == "Conv" and any(
+            a.name == "auto_pad" and a.s in (b"SAME_UPPER", b"SAME_LOWER") for a in node.attribute)
+
+    convs = [n for n in proto.graph.node if same(n)]
+    if not convs:
+        return proto
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # noqa: BLE001 - then the frontend pads as it does
+        return proto
+    g = inferred.graph
+    shapes = {t.name: list(t.dims) for t in g.initializer}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None
+                               for d in vi.type.tensor_type.shape.dim]
+    for node in convs:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        x, w = shapes.get(node.input[0]), shapes.get(node.input[1])
+        if not x or len(x) < 3 or None in x[2:]:
+            continue
+        spatial = x[2:]
+        kernel = list(attrs.get("kernel_shape") or (w[2:] if w else []))
+        if len(kernel) != len(spatial) or None in kernel:
+            continue
+        strides = list(attrs.get("strides") or [1] * len(spatial))
+        dilations = list(attrs.get("dilations") or [1] * len(spatial))
+        upper = attrs["auto_pad"] == b"SAME_UPPER"
+        begins, ends = [], []
+        for i, k, st, d in zip(spatial, kernel, strides, dilations, strict=True):
+            total = max((-(-i // st) - 1) * st + (k - 1) * d + 1 - i, 0)
+            small, big = total // 2, total - total // 2
+            begins.append(small if upper else big)
+            ends.append(big if upper else small)
+        keep = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
+        del node.attribute[:]
+        node.attribute.extend([*keep, helper.make_attribute("pads", begins + ends)])
+    return proto
+
+
 def _frontend_failure(e: Exception) -> str:
     """Which ONNX node the Relax frontend failed on, read off the traceback."""
     tb = e.__traceback__
@@ -259,7 +349,7 @@ def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None
         reference = flatten_outputs(sess.run(None, dict(zip(shapes, inputs, strict=True))))
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own kinds
         raise ModelError(f"onnxruntime cannot run {path}: {str(e).strip().splitlines()[0][:200]}") from e
-    proto = fold_onnx_shapes(proto)
+    proto = explicit_conv_pads(fold_onnx_shapes(proto))
     unsupported = sorted({n.op_type for n in proto.graph.node} - set(_get_convert_map()) - {"Constant", "If"})
     if unsupported:
         raise ModelError(f"cannot import {path} to Relax: no Relax translation for ONNX op(s) "

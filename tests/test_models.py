@@ -65,3 +65,64 @@ def test_zoo_gpt2_builds_despite_bool_cumsum():
 
     gpt2 = load_model("gpt2-small")
     assert _tvm_error(gpt2) < 1e-3
+
+
+def _onnx_file(path, nodes, x_shape, y_shape, weights=()):
+    """A one-input ONNX file (opset 17) of ``nodes`` from x to y."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+                              [numpy_helper.from_array(w, n) for n, w in weights])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def _ops(model) -> set[str]:
+    return {n.op for n in model.graph.nodes}
+
+
+def test_same_autopad_convs_carry_their_pads(tmp_path):
+    """torch's Conv2d(padding="same") exports as auto_pad=SAME_UPPER, which the Relax frontend
+    turned into a TOPI pad call_tir before every conv (HF EfficientNet: 71 of them), which no
+    graph-level backend takes. The pads must be the conv's own, asymmetric ones included."""
+    from onnx import helper
+
+    from search.candidates import accepted_nodes
+
+    rng = np.random.default_rng(0)
+    w1, w2, w3 = (rng.standard_normal(s).astype("float32") for s in [(4, 3, 3, 3), (4, 4, 3, 3), (4, 4, 1, 1)])
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["a"], auto_pad="SAME_UPPER", strides=[2, 2]),  # 8 -> 4: pads 0/1
+        helper.make_node("Conv", ["a", "w2"], ["b"], auto_pad="SAME_LOWER", strides=[2, 2]),  # 4 -> 2: pads 1/0
+        helper.make_node("Conv", ["b", "w3"], ["y"], auto_pad="SAME_UPPER"),  # 1x1: no padding at all
+    ]
+    path = _onnx_file(tmp_path / "same.onnx", nodes, [1, 3, 8, 8], [1, 4, 2, 2],
+                      [("w1", w1), ("w2", w2), ("w3", w3)])
+    model = load(str(path))
+    assert "call_tir" not in _ops(model) and "nn.pad" not in _ops(model)
+    convs = [b.value for blk in model.mod["main"].body.blocks for b in blk.bindings
+             if getattr(getattr(b.value, "op", None), "name", None) == "relax.nn.conv2d"]
+    assert [[int(p) for p in c.attrs.padding] for c in convs] == [[0, 0, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]]
+    assert accepted_nodes(model.mod["main"], "onnxruntime") == set(range(len(model.graph)))
+    assert _tvm_error(model) < 1e-4
+
+
+def test_pool_window_over_the_whole_input_is_a_reduction(tmp_path):
+    """Hugging Face EfficientNet pools a 7x7 map with AvgPool2d(1280, ceil_mode=True): untuned TVM
+    looped over the whole window (0.7 s) and OpenVINO refuses a kernel larger than its input."""
+    from onnx import helper
+
+    from search.candidates import accepted_nodes
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[40, 40], strides=[40, 40],
+                              ceil_mode=1)]
+    model = load(str(_onnx_file(tmp_path / "pool.onnx", nodes, [1, 4, 7, 7], [1, 4, 1, 1])))
+    assert "nn.avg_pool2d" not in _ops(model) and "mean" in _ops(model)
+    assert _tvm_error(model) < 1e-5
+    for backend in ("onnxruntime", "openvino"):
+        assert accepted_nodes(model.mod["main"], backend) == set(range(len(model.graph)))

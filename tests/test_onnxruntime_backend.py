@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -13,7 +14,7 @@ from tvm import relax
 from tvm.relax import op as O
 
 from backends.base import BackendError, FusionStyle, Level
-from backends.onnxruntime_backend import OnnxRuntimeBackend, relax_to_onnx
+from backends.onnxruntime_backend import OnnxRuntimeBackend, make_session, relax_to_onnx
 from search.scopes import SEScope
 from tests.regions import SMALL_ZOO, first_binding, one_op, run_region, tensor_types, zoo_mains
 
@@ -182,6 +183,10 @@ _RNG = np.random.default_rng(1)
 _X = _RNG.standard_normal((2, 7)).astype("float32")
 _IMG = _RNG.standard_normal((1, 2, 8, 8)).astype("float32")
 _MASK = np.array([[True, False, True, True, False]])
+_SEQ = _RNG.standard_normal((1, 4, 11)).astype("float32")
+_W1 = _RNG.standard_normal((6, 2, 3)).astype("float32")
+_W1T = _RNG.standard_normal((4, 3, 3)).astype("float32")
+_W2 = _RNG.standard_normal((2, 3, 3, 3)).astype("float32")
 
 SEMANTICS: dict[str, tuple[list, Callable[..., relax.Expr], list[np.ndarray], Callable[..., list]]] = {
     "take wrap": ([((2, 7), "float32"), ((3,), "int64")], lambda x, i: O.take(x, i, 1, mode="wrap"),
@@ -221,6 +226,28 @@ SEMANTICS: dict[str, tuple[list, Callable[..., relax.Expr], list[np.ndarray], Ca
                              + b[:, None, None], m, v]),
     "full from a tensor": ([((), "float32")], lambda v: O.full((2, 3), v, "int32"),
                            [np.array(2.7, "float32")], lambda v: [np.full((2, 3), 2, "int32")]),
+    "conv1d strided grouped": (
+        [((1, 4, 11), "float32"), ((6, 2, 3), "float32")],
+        lambda x, w: O.nn.conv1d(x, w, strides=2, padding=(1, 2), dilation=2, groups=2),
+        [_SEQ, _W1], lambda x, w: [torch.nn.functional.conv1d(
+            torch.nn.functional.pad(torch.from_numpy(x), (1, 2)), torch.from_numpy(w),
+            stride=2, dilation=2, groups=2).numpy()]),
+    "conv2d_transpose": (
+        [((1, 2, 8, 8), "float32"), ((2, 3, 3, 3), "float32")],
+        lambda x, w: O.nn.conv2d_transpose(x, w, strides=2, padding=1, output_padding=1),
+        [_IMG, _W2], lambda x, w: [torch.nn.functional.conv_transpose2d(
+            torch.from_numpy(x), torch.from_numpy(w), stride=2, padding=1, output_padding=1).numpy()]),
+    "conv1d_transpose grouped": (
+        [((1, 4, 11), "float32"), ((4, 3, 3), "float32")],
+        lambda x, w: O.nn.conv1d_transpose(x, w, strides=2, groups=2),
+        [_SEQ, _W1T], lambda x, w: [torch.nn.functional.conv_transpose1d(
+            torch.from_numpy(x), torch.from_numpy(w), stride=2, groups=2).numpy()]),
+    "variance": ([((1, 2, 8, 8), "float32")], lambda x: O.variance(x, [2, 3], keepdims=True),
+                 [_IMG], lambda x: [x.var((2, 3), keepdims=True)]),
+    "gather_elements": ([((2, 7), "float32"), ((2, 3), "int64")],
+                        lambda x, i: O.gather_elements(x, i, axis=1),
+                        [_X, np.array([[0, 6, 2], [1, 1, 5]])],
+                        lambda x, i: [np.take_along_axis(x, i, 1)]),
 }
 
 
@@ -232,3 +259,61 @@ def test_op_semantics(backend: OnnxRuntimeBackend, case: str) -> None:
     got = _run(backend, func, *inputs)
     for g, want in zip(got, reference(*inputs), strict=True):
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+
+
+def _audio_front_end() -> relax.Function:
+    """A Whisper-style encoder front end as the ONNX import gives it: two conv1d (bias added
+    after), exact GELU, then tokens-major for the transformer that follows."""
+    rng = np.random.default_rng(2)
+
+    def const(*shape: int) -> relax.Constant:
+        return relax.const(rng.standard_normal(shape).astype("float32") / np.sqrt(shape[-1]))
+
+    mel = relax.Var("mel", relax.TensorType((1, 8, 40), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [mel]):
+        with bb.dataflow():
+            x = bb.emit(O.nn.conv1d(mel, const(16, 8, 3), padding=1))
+            x = bb.emit(O.nn.gelu(O.add(x, const(1, 16, 1))))
+            x = bb.emit(O.nn.conv1d(x, const(16, 16, 3), strides=2, padding=1))
+            x = bb.emit(O.nn.gelu(O.add(x, const(1, 16, 1))))
+            gv = bb.emit_output(bb.emit(O.permute_dims(x, [0, 2, 1])))
+        bb.emit_func_output(gv)
+    return bb.get()["main"]
+
+
+def test_conv1d_front_end_is_one_region_of_conv_nodes(backend: OnnxRuntimeBackend) -> None:
+    """conv1d once had no translation: the onnxruntime-only plan of a Whisper encoder ran its
+    two convs on untuned TVM (6.7x onnxruntime on the user's file). Each conv1d must be
+    accepted and become one Conv node, not a reshape to 2-D, a Pad or a MatMul."""
+    func = _audio_front_end()
+    assert all(backend.accepts(b) for blk in func.body.blocks for b in blk.bindings)
+    model = relax_to_onnx(func)
+    ops = Counter(n.op_type for n in model.graph.node)
+    assert ops["Conv"] == 2 and not ops.keys() & {"Pad", "MatMul", "Unsqueeze", "Squeeze"}
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    assert [[a.ints for a in c.attribute if a.name == "kernel_shape"][0] for c in convs] == [[3], [3]]
+    x = np.random.default_rng(3).standard_normal((1, 8, 40)).astype("float32")
+    (got,) = _run(backend, func, x)
+    ex = tvm.compile(tvm.IRModule({"main": func}), tvm.target.Target({"kind": "llvm"}))
+    want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_sessions_leave_out_skip_layer_norm_fusion(tmp_path) -> None:
+    """ORT's SkipLayerNormalization CPU kernel is several times slower than Add +
+    LayerNormalization; the static graphs the translator emits would get it."""
+    h = 32
+    ty = relax.TensorType((1, 16, h), "float32")
+    x, r = relax.Var("x", ty), relax.Var("r", ty)
+    gamma, beta = relax.const(np.ones(h, "float32")), relax.const(np.zeros(h, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, r]):
+        with bb.dataflow():
+            gv = bb.emit_output(bb.emit(O.nn.layer_norm(O.add(x, r), gamma, beta, [-1])))
+        bb.emit_func_output(gv)
+    model = relax_to_onnx(bb.get()["main"])
+    saved = str(tmp_path / "optimized.onnx")
+    make_session(model, 1, saved)
+    ops = Counter(n.op_type for n in onnx.load(saved).graph.node)
+    assert ops["SkipLayerNormalization"] == 0 and ops["LayerNormalization"] == 1
