@@ -85,6 +85,17 @@ def _finish(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[nn.Modu
     return _sanitise(model, inputs), inputs
 
 
+def _unit_batchnorms(model: nn.Module) -> nn.Module:
+    """BatchNorm affine at torch's default (gamma 1, beta 0): some Hugging Face models draw
+    gamma from N(0, 0.02), which leaves every calibrated activation ~0.01 and logits ~0.1."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.affine:
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+    return model
+
+
 def _unit_linears(model: nn.Module) -> nn.Module:
     """Variance-preserving Linear init (std 1/sqrt(fan_in)): torch's default shrinks each
     classifier layer by ~sqrt(3), which leaves CNN logits around 0.05 instead of O(1)."""
@@ -288,6 +299,130 @@ def _squeezenet1_1() -> tuple[nn.Module, tuple]:
     return _finish(SqueezeNet11(), _image())
 
 
+# --------------------------------------------------------------------------- DenseNet
+
+
+class DenseLayer(nn.Module):
+    """torchvision ``_DenseLayer``: BN-ReLU-1x1 conv (bottleneck), BN-ReLU-3x3 conv (growth)."""
+
+    def __init__(self, cin: int, growth: int, bn_size: int) -> None:
+        super().__init__()
+        self.norm1 = nn.BatchNorm2d(cin)
+        self.relu1 = nn.ReLU()
+        self.conv1 = nn.Conv2d(cin, bn_size * growth, 1, bias=False)
+        self.norm2 = nn.BatchNorm2d(bn_size * growth)
+        self.relu2 = nn.ReLU()
+        self.conv2 = nn.Conv2d(bn_size * growth, growth, 3, padding=1, bias=False)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        x = torch.cat(features, 1)  # torchvision concatenates every earlier feature map here
+        x = self.conv1(self.relu1(self.norm1(x)))
+        return self.conv2(self.relu2(self.norm2(x)))
+
+
+class DenseBlock(nn.ModuleDict):
+    """torchvision ``_DenseBlock``: each layer reads the concatenation of all before it."""
+
+    def __init__(self, n: int, cin: int, growth: int, bn_size: int) -> None:
+        super().__init__({f"denselayer{i + 1}": DenseLayer(cin + i * growth, growth, bn_size)
+                          for i in range(n)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in self.values():
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+class Transition(nn.Sequential):
+    """torchvision ``_Transition``: BN-ReLU-1x1 conv (halve channels), 2x2 average pool."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__(nn.BatchNorm2d(cin), nn.ReLU(), nn.Conv2d(cin, cout, 1, bias=False),
+                         nn.AvgPool2d(2, 2))
+
+
+class DenseNet(nn.Module):
+    """torchvision ``DenseNet`` (7x7 stem, max pool, dense blocks and transitions, BN-ReLU,
+    global pool, linear), scaled down: growth 16, blocks 2/4/6/4, 32 stem channels."""
+
+    def __init__(self, growth: int = 16, blocks: Sequence[int] = (2, 4, 6, 4),
+                 init_features: int = 32, bn_size: int = 4, num_classes: int = 1000) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [
+            nn.Conv2d(3, init_features, 7, 2, 3, bias=False), nn.BatchNorm2d(init_features),
+            nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+        c = init_features
+        for i, n in enumerate(blocks):
+            layers.append(DenseBlock(n, c, growth, bn_size))
+            c += n * growth
+            if i != len(blocks) - 1:
+                layers.append(Transition(c, c // 2))
+                c //= 2
+        layers += [nn.BatchNorm2d(c), nn.ReLU()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(c, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.adaptive_avg_pool2d(self.features(x), (1, 1))
+        return self.classifier(torch.flatten(x, 1))
+
+
+def _densenet() -> tuple[nn.Module, tuple]:
+    torch.manual_seed(SEED)
+    return _finish(_unit_linears(DenseNet()), _image())
+
+
+# --------------------------------------------------------------------------- small U-Net
+
+
+class UNetBlock(nn.Sequential):
+    """Two 3x3 conv-BN-ReLU, the U-Net stage."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__(_conv_bn(cin, cout, 3), _conv_bn(cout, cout, 3))
+
+
+class UNet(nn.Module):
+    """A small U-Net (Ronneberger et al.): 3 max-pool downs, 3 transposed-conv ups with
+    skip concatenations, 1x1 head. Widths 16/32/64/128, 128x128 input, 2 classes."""
+
+    def __init__(self, widths: Sequence[int] = (16, 32, 64, 128), classes: int = 2) -> None:
+        super().__init__()
+        self.downs = nn.ModuleList()
+        cin = 3
+        for w in widths:
+            self.downs.append(UNetBlock(cin, w))
+            cin = w
+        self.pool = nn.MaxPool2d(2)
+        self.ups = nn.ModuleList()
+        self.up_blocks = nn.ModuleList()
+        for w in reversed(widths[:-1]):
+            self.ups.append(nn.ConvTranspose2d(cin, w, 2, 2))
+            self.up_blocks.append(UNetBlock(2 * w, w))
+            cin = w
+        self.head = nn.Conv2d(cin, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skips = []
+        for i, block in enumerate(self.downs):
+            x = block(x)
+            if i != len(self.downs) - 1:
+                skips.append(x)
+                x = self.pool(x)
+        for up, block in zip(self.ups, self.up_blocks, strict=True):
+            x = block(torch.cat([skips.pop(), up(x)], 1))
+        return self.head(x)
+
+
+def _unet() -> tuple[nn.Module, tuple]:
+    torch.manual_seed(SEED)
+    return _finish(UNet(), _image(128))
+
+
 # --------------------------------------------------------------------------- transformers
 
 
@@ -300,6 +435,18 @@ class _ImageLogits(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.model(pixel_values, return_dict=False)[0]
+
+
+class _AudioHidden(nn.Module):
+    """An audio encoder taking one float input (mel features or raw samples), returning the
+    last hidden state."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x, return_dict=False)[0]
 
 
 class _EncoderHidden(nn.Module):
@@ -365,6 +512,99 @@ def _llama() -> tuple[nn.Module, tuple]:
     return _finish(_DecoderHidden(LlamaModel(cfg)), (_tokens(LLAMA_SEQ, cfg.vocab_size),))
 
 
+WHISPER_FRAMES = 500  # encoder positions; the mel input is twice as long (conv2 has stride 2)
+
+
+def _whisper_encoder() -> tuple[nn.Module, tuple]:
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    torch.manual_seed(SEED)
+    cfg = WhisperConfig(d_model=256, encoder_layers=2, encoder_attention_heads=4,
+                        encoder_ffn_dim=1024, num_mel_bins=80,
+                        max_source_positions=WHISPER_FRAMES, attn_implementation="sdpa")
+    g = torch.Generator().manual_seed(SEED)
+    mel = torch.randn((1, cfg.num_mel_bins, 2 * WHISPER_FRAMES), generator=g)
+    return _finish(_AudioHidden(WhisperEncoder(cfg)), (mel,))
+
+
+def _efficientnet() -> tuple[nn.Module, tuple]:
+    from transformers import EfficientNetConfig, EfficientNetForImageClassification
+
+    torch.manual_seed(SEED)
+    # B0's stages with width 0.75 and depth 0.75 (the defaults are B7's 2.0 / 3.1 / 600 px);
+    # hidden_dim must equal the rounded head width (1280 * 0.75), or the head BN mismatches.
+    cfg = EfficientNetConfig(width_coefficient=0.75, depth_coefficient=0.75, image_size=224,
+                             hidden_dim=960, dropout_rate=0.2, num_labels=1000)
+    model = _ImageLogits(EfficientNetForImageClassification(cfg))
+    return _finish(_unit_batchnorms(_unit_linears(model)),
+                   _image(224))
+
+
+def _mobilevit() -> tuple[nn.Module, tuple]:
+    from transformers import MobileViTConfig, MobileViTForImageClassification
+
+    torch.manual_seed(SEED)
+    # apple/mobilevit-xx-small's sizes.
+    cfg = MobileViTConfig(image_size=256, hidden_sizes=[64, 80, 96],
+                          neck_hidden_sizes=[16, 16, 24, 48, 64, 80, 320], expand_ratio=2.0,
+                          num_labels=1000)
+    model = _ImageLogits(MobileViTForImageClassification(cfg))
+    return _finish(_unit_batchnorms(_unit_linears(model)),
+                   _image(256))
+
+
+PHI_SEQ = 128
+
+
+def _phi() -> tuple[nn.Module, tuple]:
+    from transformers import PhiConfig, PhiModel
+
+    torch.manual_seed(SEED)
+    cfg = PhiConfig(vocab_size=32000, hidden_size=256, intermediate_size=1024,
+                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                    partial_rotary_factor=0.5, max_position_embeddings=512, use_cache=False)
+    return _finish(_DecoderHidden(PhiModel(cfg)), (_tokens(PHI_SEQ, cfg.vocab_size),))
+
+
+WAV2VEC2_SAMPLES = 16000  # one second at 16 kHz: 49 frames after the 320x conv stack
+
+
+def _wav2vec2() -> tuple[nn.Module, tuple]:
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    torch.manual_seed(SEED)
+    # wav2vec2-base's feature extractor (7 convs, group norm on the first) at 128 channels,
+    # its grouped positional conv, and 2 transformer layers of width 256.
+    cfg = Wav2Vec2Config(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=1024, conv_dim=(128,) * 7,
+                         num_conv_pos_embeddings=64, num_conv_pos_embedding_groups=16,
+                         feat_extract_norm="group", do_stable_layer_norm=False,
+                         mask_time_prob=0.0, attn_implementation="sdpa")
+    g = torch.Generator().manual_seed(SEED)
+    wave = torch.randn((1, WAV2VEC2_SAMPLES), generator=g)
+    return _finish(_AudioHidden(Wav2Vec2Model(cfg)), (wave,))
+
+
+DEBERTA_SEQ = 128
+
+
+def _deberta() -> tuple[nn.Module, tuple]:
+    from transformers import DebertaV2Config, DebertaV2Model
+
+    torch.manual_seed(SEED)
+    # deberta-v3-small's attention (relative positions, log buckets, shared keys, c2p+p2c)
+    # at 2 layers of width 256.
+    cfg = DebertaV2Config(vocab_size=32000, hidden_size=256, num_hidden_layers=2,
+                          num_attention_heads=4, intermediate_size=1024,
+                          max_position_embeddings=512, relative_attention=True,
+                          position_buckets=256, max_relative_positions=-1,
+                          pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
+                          share_att_key=True, position_biased_input=False, type_vocab_size=0)
+    ids = _tokens(DEBERTA_SEQ, cfg.vocab_size)
+    return _finish(_EncoderHidden(DebertaV2Model(cfg)), (ids, torch.ones_like(ids)))
+
+
 # --------------------------------------------------------------------------- registry
 
 _CNN_IO = dict(input_names=("pixel_values",), output_names=("logits",),
@@ -392,6 +632,39 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
                  f"HF Llama, 2 layers, hidden 256, 4 heads, RoPE, RMSNorm, SwiGLU, seq {LLAMA_SEQ}",
                  input_names=("input_ids",), output_names=("last_hidden_state",),
                  dynamic={"input_ids": _SEQ, "last_hidden_state": _SEQ}),
+    Architecture("densenet", "cnn", _densenet,
+                 "torchvision-style DenseNet, growth 16, blocks 2/4/6/4: concat of all earlier maps",
+                 **_CNN_IO),
+    Architecture("unet", "cnn", _unet,
+                 "small U-Net 16/32/64/128 at 128 px: max-pool downs, ConvTranspose ups, skip concats",
+                 input_names=("pixel_values",), output_names=("logits",),
+                 dynamic={"pixel_values": {0: "batch"}, "logits": {0: "batch"}}),
+    Architecture("efficientnet", "cnn", _efficientnet,
+                 "HF EfficientNet, B0 stages at width 0.75 / depth 0.75, 224 px: SiLU, SE, same-pads",
+                 **_CNN_IO),
+    Architecture("mobilevit", "cnn", _mobilevit,
+                 "HF MobileViT xx-small, 256 px: MobileNetV2 blocks + unfold/attention/fold",
+                 **_CNN_IO),
+    Architecture("whisper_encoder", "transformer", _whisper_encoder,
+                 f"HF WhisperEncoder, 2 layers, d 256, 4 heads, conv1d front end, "
+                 f"mel [1, 80, {2 * WHISPER_FRAMES}]",
+                 input_names=("input_features",), output_names=("last_hidden_state",),
+                 dynamic={"input_features": {0: "batch"}, "last_hidden_state": {0: "batch"}}),
+    Architecture("wav2vec2", "transformer", _wav2vec2,
+                 f"HF Wav2Vec2, 7-conv feature extractor (128 ch, group norm), grouped pos conv, "
+                 f"2 layers of 256, {WAV2VEC2_SAMPLES} samples",
+                 input_names=("input_values",), output_names=("last_hidden_state",),
+                 dynamic={"input_values": {0: "batch", 1: "samples"},
+                          "last_hidden_state": {0: "batch", 1: "frames"}}),
+    Architecture("phi", "transformer", _phi,
+                 f"HF Phi, 2 layers, hidden 256, 4 heads, partial RoPE, parallel MLP, seq {PHI_SEQ}",
+                 input_names=("input_ids",), output_names=("last_hidden_state",),
+                 dynamic={"input_ids": _SEQ, "last_hidden_state": _SEQ}),
+    Architecture("deberta", "transformer", _deberta,
+                 f"HF DeBERTa-v2, 2 layers, hidden 256, 4 heads, relative c2p/p2c attention, "
+                 f"seq {DEBERTA_SEQ}",
+                 input_names=("input_ids", "attention_mask"), output_names=("last_hidden_state",),
+                 dynamic={"input_ids": _SEQ, "attention_mask": _SEQ, "last_hidden_state": _SEQ}),
 ]}
 
 
