@@ -27,17 +27,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 ZOO = ["bert-small", "resnet50-small", "mobilenet_v2-small", "convnext-small", "vit-small", "gpt2-small"]
-EXPORTS = ["mobilenet_v3_small", "shufflenet_v2", "squeezenet1_1", "convnext_atto", "distilbert", "llama"]
+EXPORTS = ["mobilenet_v3_small", "shufflenet_v2", "squeezenet1_1", "convnext_atto", "distilbert", "llama",
+           "densenet", "unet", "efficientnet", "mobilevit", "whisper_encoder", "wav2vec2", "phi", "deberta"]
 RESULTS = ROOT / "experiments" / "results"
 
 
-def _export(name: str, folder: Path) -> tuple[str, list[str]]:
-    """The architecture as an ONNX file (legacy exporter, dynamic axes) and its --input-shape flags."""
+def _export(name: str, folder: Path, exporter: str = "legacy") -> tuple[str, list[str]]:
+    """The architecture as an ONNX file (dynamic axes) and its --input-shape flags."""
     from experiments.architectures import export_onnx, get
 
     arch = get(name)
     path = folder / f"{name}.onnx"
-    export_onnx(arch, path)
+    export_onnx(arch, path, exporter=exporter)
     _, inputs = arch.build()
     flags = []
     for input_name, tensor in zip(arch.input_names, inputs, strict=True):
@@ -116,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--storage", default=f"sqlite:///{RESULTS / 'measurements.db'}")
     p.add_argument("--timeout", default="15m", help="per-model limit on measuring candidates")
     p.add_argument("--out", default=str(RESULTS / "vs_peers.md"))
+    p.add_argument("--exporter", choices=("legacy", "dynamo"), default="legacy",
+                   help="how the architectures are exported (dynamo: torch's default; OpenVINO cannot read some)")
     p.add_argument("--tune-budget", help="auto-tune TVM regions for this long per model (e.g. 4m)")
     p.add_argument("--tune-trials", type=int, default=32, help="MetaSchedule trials per tuned region")
     args = p.parse_args(argv)
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models or ZOO + EXPORTS:
-            spec, flags = _export(name, Path(tmp)) if name in EXPORTS else (name, [])
+            spec, flags = _export(name, Path(tmp), args.exporter) if name in EXPORTS else (name, [])
             rows.append(tune_one(spec, flags, args, Path(tmp) / f"{name}.plan.json"))
             text = table(rows)
             Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
