@@ -66,12 +66,10 @@ def _first_line(e: BaseException) -> str:
 def _onnxruntime(data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFileRun:
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = max(1, int(threads))
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3
+    from backends.onnxruntime_backend import _session_options
+
+    # The backend's options, but ORT's optimisers all on: what a user's session does.
+    opts = _session_options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     try:
         sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - ORT raises several kinds
