@@ -1,0 +1,47 @@
+"""Store keys never change: a store written by an earlier Partune keeps serving later ones.
+
+The digests below were computed before the one-package redesign; a refactor that moves
+code must leave every key byte-identical, or every user's store is silently re-measured.
+"""
+
+import hashlib
+
+from search.candidates import enumerate_candidates
+from search.graph import DataflowGraph
+from search.plan import single_backend_plan
+from search.scopes import CompilationConfig
+from search.tune import candidate_key, plan_key
+from tests.graphs import Attention, Residual
+
+BACKENDS = ["tvm", "torch", "onnxruntime", "openvino"]
+
+
+def _keys(mod) -> tuple[list[str], list[str]]:
+    graph = DataflowGraph.from_function(mod["main"])
+    config = CompilationConfig.for_cpu(BACKENDS, threads=1)
+    cands = enumerate_candidates(mod, graph, config)
+    plans = [single_backend_plan("pinned", graph, config, b, set(range(len(graph))))
+             for b in BACKENDS]
+    return sorted(candidate_key(graph, c) for c in cands), [plan_key(p) for p in plans]
+
+
+def _digest(keys: list[str]) -> str:
+    return hashlib.sha256("\n".join(keys).encode()).hexdigest()
+
+
+def test_candidate_and_plan_keys_are_pinned():
+    got = {}
+    for name, mod in (("residual", Residual), ("attention", Attention)):
+        cands, plans = _keys(mod)
+        got[name] = (len(cands), _digest(cands), plans)
+    assert got == PINNED
+
+
+PINNED = {
+    "residual": (39, "9cbcb6dcfa8448274af0aaf0f0c80853d1646d43ffed9d7e3eadb9e88676dce9",
+                 ["plan:ecced7d0632f231a91b40144", "plan:6ce4b434d021767f67a30ce1",
+                  "plan:9b514e2323c5f280e11a433a", "plan:26b5510a35cc39e8c8280394"]),
+    "attention": (51, "21963e8bede5cf863c908eaef957aecfd8b47f02fc78dbcd25eca6a36cc3ea81",
+                  ["plan:08581d0f4aaef15042eba9d6", "plan:900e66f351140d2710e153a4",
+                   "plan:d96d880ec5fca739cace0cf6", "plan:27efa89886ab71c52303e564"]),
+}
