@@ -21,6 +21,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 # The emitted plan against onnxruntime and torch.compile, zoo + ONNX exports (about an hour).
 bench: $(STAMP)

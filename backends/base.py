@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     from tvm import relax
 
-    from search.scopes import SEScope
+    from partune.core.scopes import SEScope
 
 
 class Level(StrEnum):
@@ -32,22 +32,6 @@ class FusionStyle(StrEnum):
     NONE = "none"  # single ops / composites only
     TVM = "tvm"  # TVM-like fusion: injective into anchor, anchor into elementwise
     ARBITRARY = "arbitrary"  # any convex region
-
-
-def tensor_types(ty) -> list[relax.TensorType]:
-    """The tensor types in ``ty``, tuples flattened in order (a region's flat inputs/outputs)."""
-    from tvm import relax
-
-    if isinstance(ty, relax.TensorType):
-        return [ty]
-    if isinstance(ty, relax.TupleType):
-        return [t for f in ty.fields for t in tensor_types(f)]
-    return []
-
-
-def static_shape(ty) -> tuple[int, ...]:
-    """The shape of a tensor type whose dimensions are all known."""
-    return tuple(int(v) for v in ty.shape.values)
 
 
 class BackendError(RuntimeError):
@@ -70,8 +54,8 @@ class Backend(ABC):
     offered_by_default: ClassVar[bool] = True
     # Whether regions must be tuned (``tune_region``) before a measurement means anything.
     autotuned: ClassVar[bool] = False
-    # Whether ``build_region`` keeps what it builds in the build cache (``backends.build_cache``)
-    # when one is active, so building it ahead of time (``runners.build_pool``) pays.
+    # Whether ``build_region`` keeps what it builds in the build cache (``partune.backends.build_cache``)
+    # when one is active, so building it ahead of time (``partune.runners.build_pool``) pays.
     caches_builds: ClassVar[bool] = False
 
     @property

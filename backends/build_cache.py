@@ -1,4 +1,4 @@
-"""Built regions kept on disk: a region is built once (ahead of time, by ``runners.build_pool``)
+"""Built regions kept on disk: a region is built once (ahead of time, by ``partune.runners.build_pool``)
 and where it is timed it is only loaded.
 
 An entry is a directory ``<cache>/<key>/`` holding a backend's artefact files (a TVM shared
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-from backends.checksum import checksums, first_damaged
+from partune.backends.checksum import checksums, first_damaged
 
 FORMAT = 2  # bump when what an entry holds changes
 MANIFEST = "manifest.json"

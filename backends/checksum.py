@@ -1,7 +1,7 @@
 """File checksums for directories whose files are checked before a library loads them.
 
 Both the deploy directory (``partune.deployed``) and the build cache
-(``backends.build_cache``) hand files to ``dlopen`` or a model loader; a truncated or
+(``partune.backends.build_cache``) hand files to ``dlopen`` or a model loader; a truncated or
 edited file must be refused first, not crash the process.
 """
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import tvm
 
-from backends.base import BackendError
+from partune.backends.base import BackendError
 
 Spec = tuple[str, np.dtype, tuple[int, ...]]  # (name, dtype, shape) of one input or output
 

@@ -7,7 +7,7 @@ deployed: a plan is never slower than the best library on the user's own file.
 
 Both libraries are set up the way a careful user would: f32, all graph optimisations,
 ``threads`` intra-op threads, and for OpenVINO the LATENCY hint with the same settings as
-the OpenVINO backend (``backends.openvino_backend.compile_config``). Dynamic dimensions of
+the OpenVINO backend (``partune.backends.openvino_backend.compile_config``). Dynamic dimensions of
 the file are fixed to the example inputs' shapes (OpenVINO compiles a static model then,
 as it would for a user who reshapes; onnxruntime needs nothing).
 """
@@ -66,7 +66,7 @@ def _first_line(e: BaseException) -> str:
 def _onnxruntime(data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFileRun:
     import onnxruntime as ort
 
-    from backends.onnxruntime_backend import _session_options
+    from partune.backends.onnxruntime_backend import _session_options
 
     # The backend's options, but ORT's optimisers all on: what a user's session does.
     opts = _session_options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
@@ -87,7 +87,7 @@ def _onnxruntime(data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFi
 def _openvino(data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFileRun:
     import openvino as ov
 
-    from backends.openvino_backend import _core, compile_config
+    from partune.backends.openvino_backend import _core, compile_config
 
     core = _core()
     try:

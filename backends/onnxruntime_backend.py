@@ -29,13 +29,13 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
-from backends import build_cache
-from backends.base import Backend, BackendError, FusionStyle, Level
-from backends.kernel import BoundKernel, Spec
-from backends.onnx_idioms import fuse_idioms
+from partune.backends import build_cache
+from partune.backends.base import Backend, BackendError, FusionStyle, Level
+from partune.backends.kernel import BoundKernel, Spec
+from partune.backends.onnx_idioms import fuse_idioms
 
 if TYPE_CHECKING:
-    from search.scopes import SEScope
+    from partune.core.scopes import SEScope
 
 MIN_OPSET = 17  # LayerNormalization
 Value = Any  # an ONNX tensor name (str), or a list of Values for a Relax tuple

@@ -34,10 +34,10 @@ import onnx
 import tvm
 from tvm import relax
 
-from backends import build_cache
-from backends.base import BackendError, static_shape, tensor_types
-from backends.kernel import BoundKernel, Spec
-from backends.onnxruntime_backend import (
+from partune.backends import build_cache
+from partune.backends.base import BackendError
+from partune.backends.kernel import BoundKernel, Spec
+from partune.backends.onnxruntime_backend import (
     MIN_OPSET,
     OnnxGraphBackend,
     _binding_key,
@@ -47,6 +47,7 @@ from backends.onnxruntime_backend import (
     relax_to_onnx,
     save_specs,
 )
+from partune.core.tensors import static_shape, tensor_types
 
 if TYPE_CHECKING:
     pass

@@ -9,14 +9,14 @@ from __future__ import annotations
 import importlib
 import os
 
-from backends.base import Backend
+from partune.backends.base import Backend
 
 _BACKENDS: dict[str, str] = {
-    "tvm": "backends.tvm_backend:TvmBackend",
-    "tvm-tuned": "backends.tvm_tuned_backend:TunedTvmBackend",
-    "torch": "backends.torch_backend:TorchBackend",
-    "onnxruntime": "backends.onnxruntime_backend:OnnxRuntimeBackend",
-    "openvino": "backends.openvino_backend:OpenVinoBackend",
+    "tvm": "partune.backends.tvm_backend:TvmBackend",
+    "tvm-tuned": "partune.backends.tvm_tuned_backend:TunedTvmBackend",
+    "torch": "partune.backends.torch_backend:TorchBackend",
+    "onnxruntime": "partune.backends.onnxruntime_backend:OnnxRuntimeBackend",
+    "openvino": "partune.backends.openvino_backend:OpenVinoBackend",
 }
 NATIVE = "tvm"
 

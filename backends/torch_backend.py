@@ -34,10 +34,10 @@ import tvm
 from tvm import relax
 from tvm.relax import dpl
 
-from backends.base import Backend, BackendError, FusionStyle, Level, RegionKernel
+from partune.backends.base import Backend, BackendError, FusionStyle, Level, RegionKernel
 
 if TYPE_CHECKING:
-    from search.scopes import SEScope
+    from partune.core.scopes import SEScope
 
 IntImm = tvm.tirx.IntImm
 FloatImm = tvm.tirx.FloatImm

@@ -14,11 +14,11 @@ import tvm
 from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
-from backends import build_cache
-from backends.base import Backend, FusionStyle, Level, RegionKernel
+from partune.backends import build_cache
+from partune.backends.base import Backend, FusionStyle, Level, RegionKernel
 
 if TYPE_CHECKING:
-    from search.scopes import SEScope
+    from partune.core.scopes import SEScope
 
 
 LIBRARY = "region.so"  # a region's compiled library in its build cache entry
@@ -28,7 +28,7 @@ def lower_fused(mod: tvm.IRModule, target: tvm.target.Target,
                 database: ms.database.Database | None = None) -> tvm.IRModule:
     """Legalize and fuse ``mod`` (TVM's "zero" pipeline); with ``database``, apply its schedules.
 
-    Tuning (``backends.tvm_tuning``) extracts its tasks from this same output, so the
+    Tuning (``partune.backends.tvm_tuning``) extracts its tasks from this same output, so the
     workloads it stores are exactly the ones a build looks up.
     """
     with target, tvm.transform.PassContext(opt_level=3):
@@ -107,7 +107,7 @@ def build_region_kernel(func: relax.Function, scope: SEScope,
                         database_dir: str | None = None) -> RegionKernel:
     """Build a region as its own module and VM; the kernel copies results into the destinations.
 
-    With a build cache active (``backends.build_cache``) the compiled library is loaded
+    With a build cache active (``partune.backends.build_cache``) the compiled library is loaded
     from it when there, else compiled and, in a build worker, exported into it.
     ``database_dir`` is where ``database`` was read from (it enters the cache key).
     """

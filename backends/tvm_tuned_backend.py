@@ -3,7 +3,7 @@
 Untuned, TVM loses to every library on matmul and conv (DESIGN.md); tuned, it can win
 where its fusion beats the library's. Which regions deserve tuning is for the search to
 decide, so tuned TVM is a separate backend: the search tunes a region
-(``backends.tvm_tuning.tune_region``) and then measures it here, next to plain TVM.
+(``partune.backends.tvm_tuning.tune_region``) and then measures it here, next to plain TVM.
 
 Its regions are offloaded through BYOC like a graph compiler's: each region is built as
 its own module (as ``TvmBackend.build_region`` does) with the tuning database applied.
@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 from tvm import relax
 
-from backends.base import Backend, BackendError, FusionStyle, Level, RegionKernel
-from backends.tvm_backend import build_region_kernel, set_tvm_threads
+from partune.backends.base import Backend, BackendError, FusionStyle, Level, RegionKernel
+from partune.backends.tvm_backend import build_region_kernel, set_tvm_threads
 
 if TYPE_CHECKING:
-    from search.scopes import SEScope
+    from partune.core.scopes import SEScope
 
 ENV = "PARTUNE_TUNING_DATABASE"
 
@@ -53,8 +53,8 @@ class TunedTvmBackend(Backend):
     def compile(self, mod, target):
         """Build a whole partitioned module with the tuned schedules applied to its TVM code
         (every inline region: a workload tuned for one region serves all that share it)."""
-        from backends.tvm_backend import compile_module
-        from backends.tvm_tuning import database_path, open_snapshot, tuning_target
+        from partune.backends.tvm_backend import compile_module
+        from partune.backends.tvm_tuning import database_path, open_snapshot, tuning_target
 
         if not self.database_dir:
             raise BackendError(f"{self.name} needs a tuning database: set {ENV} to its directory")
@@ -68,7 +68,7 @@ class TunedTvmBackend(Backend):
 
     def tune_region(self, func: relax.Function, scope: SEScope, trials: int, timeout_s: float) -> dict:
         """MetaSchedule on the region's tasks, in a child process (a crash costs the region)."""
-        from backends.tvm_tuning import TuningError, tune_region
+        from partune.backends.tvm_tuning import TuningError, tune_region
 
         if not self.database_dir:
             raise BackendError(f"{self.name} needs a tuning database: set {ENV} to its directory")
@@ -80,7 +80,7 @@ class TunedTvmBackend(Backend):
 
     def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> RegionKernel:
         """Build the region as its own module, applying the tuned schedules for its target."""
-        from backends.tvm_tuning import database_path, open_snapshot, tuning_target
+        from partune.backends.tvm_tuning import database_path, open_snapshot, tuning_target
 
         if not self.database_dir:
             raise BackendError(f"{self.name} needs a tuning database: set {ENV} to its directory")

@@ -63,7 +63,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 from tvm.s_tir.meta_schedule.utils import fork_seed
 
-from backends.tvm_backend import lower_fused, region_module
+from partune.backends.tvm_backend import lower_fused, region_module
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
@@ -492,7 +492,7 @@ def _tune_task(task: ms.ExtractedTask, target: tvm.target.Target, path: str,
     calls ``logging.config.dictConfig``, which closes every logging handler of the process
     (the caller's included) and fails outright when a logger holds an unnamed handler
     (under pytest: "'NoneType' object has no attribute 'format'"). MetaSchedule's messages
-    go to the ``backends.tvm_tuning`` and ``tvm.s_tir.meta_schedule`` loggers instead.
+    go to the ``partune.backends.tvm_tuning`` and ``tvm.s_tir.meta_schedule`` loggers instead.
     """
     context = ms.TuneContext(mod=task.dispatched[0], target=target,
                              space_generator="post-order-apply",
@@ -515,12 +515,12 @@ def _tune_task(task: ms.ExtractedTask, target: tvm.target.Target, path: str,
 
 def _tune_in_child(func: relax.Function, target: tvm.target.Target, database_dir: str,
                    max_trials: int, timeout_s: float | None, **options: Any) -> TuningReport:
-    """Run ``python -m backends.tvm_tuning`` on the region; its death is a ``TuningError``."""
+    """Run ``python -m partune.backends.tvm_tuning`` on the region; its death is a ``TuningError``."""
     with tempfile.TemporaryDirectory(prefix="partune-tune-") as tmp:
         module, report = os.path.join(tmp, "region.json"), os.path.join(tmp, "report.json")
         with open(module, "w") as f:
             f.write(tvm.ir.save_json(region_module(func)))
-        cmd = [sys.executable, "-m", "backends.tvm_tuning", "--module", module,
+        cmd = [sys.executable, "-m", "partune.backends.tvm_tuning", "--module", module,
                "--target", json.dumps(target_json(target)),
                "--database", database_dir, "--trials", str(max_trials), "--report", report]
         if timeout_s is not None:
@@ -552,7 +552,7 @@ def _tune_in_child(func: relax.Function, target: tvm.target.Target, database_dir
 
 def main(argv: list[str] | None = None) -> int:
     """Tune one region saved with ``tvm.ir.save_json`` (an IRModule whose ``main`` is the region)."""
-    p = argparse.ArgumentParser(prog="python -m backends.tvm_tuning", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m partune.backends.tvm_tuning", description=main.__doc__)
     p.add_argument("--module", required=True)
     p.add_argument("--target", required=True, help="target as a JSON dict")
     p.add_argument("--database", required=True)

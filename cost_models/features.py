@@ -14,8 +14,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from search.graph import DataflowGraph, OpKind
-from search.subgraph import SubGraph
+from partune.core.graph import DataflowGraph, OpKind
+from partune.core.subgraph import SubGraph
 
 FEATURE_VERSION = 1
 OPS = ("nn.conv2d", "matmul", "add", "multiply", "subtract", "divide", "nn.relu", "clip", "sigmoid",

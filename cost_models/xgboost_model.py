@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cost_models.features import FEATURE_VERSION, NAMES
+from partune.cost_models.features import FEATURE_VERSION, NAMES
 
 PARAMS = {"max_depth": 6, "eta": 0.1, "subsample": 0.9, "colsample_bytree": 0.9, "min_child_weight": 2,
           "objective": "reg:squarederror", "nthread": 1, "seed": 0}
@@ -21,7 +21,7 @@ ROUNDS = 300
 
 
 class CostModel:
-    """Predicts a candidate's cost (seconds) from ``cost_models.features`` vectors."""
+    """Predicts a candidate's cost (seconds) from ``partune.cost_models.features`` vectors."""
 
     def __init__(self, booster=None, trained_on: int = 0) -> None:
         self.booster = booster

@@ -1,6 +1,6 @@
 """Does building ahead pay? Candidate measuring with and without a build pool.
 
-For each model: the candidates ``search.tune`` measures (``enumerate_candidates`` over the
+For each model: the candidates ``partune.search.tune`` measures (``enumerate_candidates`` over the
 backends, ``schedulable``, small regions first, deduplicated by candidate key), or an
 evenly spread sample of them (``--sample``) or the first N (``--limit``). Each is measured
 as ``tune``'s ``measure_candidates`` does: ``region_request`` with the model's captured
@@ -9,7 +9,7 @@ LocalRunner. Arms:
 
 - serial: today: the measuring worker builds each region, then times it;
 - pool: a ``BuildPool`` on the spare cores builds ``--window`` candidates ahead into a
-  build cache, the measuring worker loads what is there (``runners.build_pool.Lookahead``);
+  build cache, the measuring worker loads what is there (``partune.runners.build_pool.Lookahead``);
 - serial again (unless ``--no-control``): the first arm repeated, so the pool's effect on
   the costs can be told from run-to-run noise.
 
@@ -46,16 +46,16 @@ RESULTS = ROOT / "experiments" / "results"
 
 def candidates(model, backends: list[str], args) -> dict:
     """key -> candidate, in the order tune measures them."""
-    from search.candidates import enumerate_candidates
-    from search.dp import schedulable
-    from search.scopes import CompilationConfig
-    from search.tune import candidate_key
+    from partune.core.keys import candidate_key
+    from partune.core.scopes import CompilationConfig
+    from partune.search.candidates import enumerate_candidates
+    from partune.search.dp import schedulable
 
     config = CompilationConfig.for_cpu(backends, 1)
     cands = [c for c in enumerate_candidates(model.mod, model.graph, config) if schedulable(c)]
     todo: dict = {}
     for c in sorted(cands, key=lambda c: (len(c.subgraph), c.subgraph.nodes[0])):
-        todo.setdefault(candidate_key(model.graph, c), c)
+        todo.setdefault(candidate_key(model.graph, c.subgraph.nodes, c.scope), c)
     keys = list(todo)
     if args.limit:
         keys = keys[:args.limit]
@@ -76,12 +76,13 @@ def measure(model, cands: dict, values, args) -> dict:
     so a neighbour's load drifting over the run touches every arm alike. Each arm has its
     own fresh store (and the pool its own fresh build cache).
     """
-    from runners.build_pool import BuildPool, Lookahead, split_cores
-    from runners.builder import region_request
-    from runners.local import LocalRunner
-    from runners.timing import Measurement
-    from search.store import MeasurementStore, device_fingerprint
-    from search.tune import CANDIDATE_PROTOCOL
+    from partune.core.versions import device_fingerprint
+    from partune.runners.build_pool import BuildPool, Lookahead, split_cores
+    from partune.runners.builder import region_request
+    from partune.runners.local import LocalRunner
+    from partune.runners.timing import Measurement
+    from partune.search.tune import CANDIDATE_PROTOCOL
+    from partune.store.measurements import MeasurementStore
 
     arms = ARMS[:2] if args.no_control else ARMS
     measure_cpus, build_cpus = split_cores(1)
@@ -169,7 +170,7 @@ def quantiles(xs: list[float]) -> dict:
 
 def bench_one(spec: str, args) -> dict:
     from partune.models import load
-    from runners.capture import capture_values
+    from partune.runners.capture import capture_values
 
     model = load(spec)
     backends = args.backends.split(",")
@@ -271,7 +272,7 @@ def main() -> None:
     p.add_argument("--max-load", type=float, default=1.5, help="wait before an arm while the load is above")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
-    from runners.build_pool import unpin_search_process
+    from partune.runners.build_pool import unpin_search_process
 
     unpin_search_process()  # as the search should: TVM would pin this thread to core 0
     rows = [bench_one(spec, args) for spec in args.models]

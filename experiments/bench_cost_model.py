@@ -39,10 +39,10 @@ def _made(out: str) -> int:
 
 def compare_plans(model_name: str, plans: dict[str, Path]) -> dict[str, float]:
     """Median latency of each plan, timed in this process in interleaved rounds."""
+    from partune.core.plan import Plan
     from partune.models import load
-    from runners.builder import build_plan
-    from runners.timing import time_interleaved
-    from search.plan import Plan
+    from partune.runners.builder import build_plan
+    from partune.runners.timing import time_interleaved
 
     model = load(model_name)
     fns = {label: build_plan(Plan.load(p), model.mod, model.graph).prepare(model.inputs) for label, p in plans.items()}

@@ -30,7 +30,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "single_backends.md"))
     args = ap.parse_args()
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
-    from backends import registry
+    from partune.backends import registry
     from partune.bench import bench, format_table
     from partune.models import load
 

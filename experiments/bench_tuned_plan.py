@@ -36,11 +36,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=15)
     args = p.parse_args()
 
+    from partune.core.plan import Plan
     from partune.models import load
-    from runners.builder import build_plan
-    from runners.peers import make_peer, peer_specs
-    from runners.timing import time_interleaved
-    from search.plan import Plan
+    from partune.runners.builder import build_plan
+    from partune.runners.peers import make_peer, peer_specs
+    from partune.runners.timing import time_interleaved
 
     model = load(args.model)
     doc = json.loads(Path(args.plan).read_text())

@@ -36,8 +36,8 @@ def max_abs_error(outputs, reference) -> float:
 
 def _bench_one(name: str, kind: str, make: Callable, reference) -> BenchRow:
     """Build one contender and time it; a failure costs this row, not the benchmark."""
-    from runners.timing import time_callable
-    from search.errors import last_line
+    from partune.core.errors import last_line
+    from partune.runners.timing import time_callable
 
     row = BenchRow(name, kind)
     try:
@@ -52,18 +52,18 @@ def _bench_one(name: str, kind: str, make: Callable, reference) -> BenchRow:
 
 
 def _peer(run):
-    from runners.builder import flatten_outputs
+    from partune.runners.builder import flatten_outputs
 
     return run, flatten_outputs(run())
 
 
 def contenders(model, backends: list[str] | None, peers: list[str] | None, threads: int):
     """(name, kind, make) for each single-backend plan and each peer."""
-    from backends import registry
-    from runners import peers as p
-    from runners.builder import build_plan
-    from search.candidates import backend_plan
-    from search.scopes import CompilationConfig
+    from partune.backends import registry
+    from partune.core.scopes import CompilationConfig
+    from partune.runners import peers as p
+    from partune.runners.builder import build_plan
+    from partune.search.candidates import backend_plan
 
     backends = backends or registry.default_names()
     for b in backends:

@@ -22,14 +22,14 @@ def _setup_threads(threads: int) -> None:
     # TVM, torch and onnxruntime read these when their thread pools start.
     os.environ.setdefault("TVM_NUM_THREADS", str(threads))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    from backends import registry
+    from partune.backends import registry
 
     registry.set_threads(threads)
 
 
 def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:
     """--input-shape NAME=D1,D2,... (repeatable)."""
-    from search.errors import PartuneError
+    from partune.core.errors import PartuneError
 
     shapes = {}
     for spec in specs or []:
@@ -54,8 +54,8 @@ def load_model(args: argparse.Namespace):
 
 
 def _backend_plan(model, backend: str, threads: int):
-    from search.candidates import backend_plan
-    from search.scopes import CompilationConfig
+    from partune.core.scopes import CompilationConfig
+    from partune.search.candidates import backend_plan
 
     config = CompilationConfig.for_cpu([backend], threads)
     return backend_plan(model.name, model.mod, model.graph, config, backend)
@@ -66,7 +66,7 @@ def cmd_run_deployed(args: argparse.Namespace) -> int:
     import numpy as np
 
     from partune.deployed import DeployError, load
-    from runners.timing import time_callable
+    from partune.runners.timing import time_callable
 
     model = load(args.model, args.threads)
     m = model.manifest
@@ -103,16 +103,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if os.path.isdir(args.model):
         return cmd_run_deployed(args)
     from partune.bench import max_abs_error
-    from runners.builder import build_plan
-    from runners.timing import time_callable
-    from search.plan import Plan
+    from partune.core.plan import Plan
+    from partune.runners.builder import build_plan
+    from partune.runners.timing import time_callable
 
     model = load_model(args)
     plan = Plan.load(args.plan) if args.plan else _backend_plan(model, args.backend, args.threads)
     if plan.model_file is not None:  # the model's own ONNX graph under one library
-        from backends import registry
-        from runners.builder import build_model_file
-        from runners.peers import model_onnx
+        from partune.backends import registry
+        from partune.runners.builder import build_model_file
+        from partune.runners.peers import model_onnx
 
         plan.validate(model.graph, registry.names())
         built = build_model_file(plan, model_onnx(model), model.inputs, args.threads)
@@ -157,15 +157,15 @@ def parse_duration(text: str) -> float:
             return float(text[:-1]) * units[text[-1]]
         return float(text)
     except ValueError:
-        from search.errors import PartuneError
+        from partune.core.errors import PartuneError
 
         raise PartuneError(f"bad duration '{text}': use e.g. 90s, 15m, 8h") from None
 
 
 def parse_pins(specs: list[str], model) -> dict:
     """--pin SELECTOR=BACKEND; SELECTOR is a node index, a range a-b, or an op name."""
-    from search.errors import PartuneError
-    from search.scopes import SEScope
+    from partune.core.errors import PartuneError
+    from partune.core.scopes import SEScope
 
     pins = {}
     for spec in specs or []:
@@ -188,13 +188,13 @@ def parse_pins(specs: list[str], model) -> dict:
 
 def make_runner(spec: str, timeout_s: float, threads: int, cpus: list[int] | None = None):
     """The runner ``--runner`` names; ``cpus`` pins a local runner's worker (beside a build pool)."""
-    from runners.local import LocalRunner
-    from search.errors import PartuneError
+    from partune.core.errors import PartuneError
+    from partune.runners.local import LocalRunner
 
     if spec == "local":
         return LocalRunner(timeout_s=timeout_s, threads=threads, cpus=cpus)
     if spec.startswith("rpc://"):
-        from runners.rpc import RPCRunner
+        from partune.runners.rpc import RPCRunner
 
         address, _, key = spec[len("rpc://"):].partition("/")
         if not key:
@@ -270,7 +270,7 @@ def summarise(result, model) -> str:
     if result.skipped:
         lines.append(f"cost model: {result.skipped} candidates ranked out of measuring")
     if result.tuning_s:
-        from backends import registry
+        from partune.backends import registry
 
         in_plan = sum(registry.get(r.backend).autotuned for r in plan.regions)
         lines.append(f"auto-tuning: {result.tuned_regions} regions tuned ({result.tuning_trials} MetaSchedule "
@@ -333,8 +333,8 @@ def _load_cost_model(path: str | None):
     """The cost model at ``path`` (None when there is none yet: this run trains it)."""
     if not path or not os.path.exists(path):
         return None
-    from cost_models.xgboost_model import CostModel
-    from search.errors import PartuneError
+    from partune.core.errors import PartuneError
+    from partune.cost_models.xgboost_model import CostModel
 
     try:
         return CostModel.load(path)
@@ -346,8 +346,8 @@ def _update_cost_model(path: str, cost_model, result, model) -> str:
     """Train on what this run measured (continuing from the loaded model) and save."""
     import numpy as np
 
-    from cost_models.features import featurize
-    from cost_models.xgboost_model import CostModel
+    from partune.cost_models.features import featurize
+    from partune.cost_models.xgboost_model import CostModel
 
     done = [(c, m) for c, m in result.trained if m.ok]
     if result.cost_model is not None:  # it learned this run's candidates during the search
@@ -369,7 +369,7 @@ def _job(storage, study_name: str, required: bool = True) -> dict:
     and it is not ``required``."""
     import optuna
 
-    from search.errors import PartuneError
+    from partune.core.errors import PartuneError
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -385,7 +385,7 @@ def _job(storage, study_name: str, required: bool = True) -> dict:
 
 def _previous_plan(storage, study_name: str):
     """The plan an earlier run of this tuning job emitted, if any."""
-    from search.plan import Plan
+    from partune.core.plan import Plan
 
     attrs = _job(storage, study_name, required=False)
     return Plan.from_json(attrs["best_plan"]) if "best_plan" in attrs else None
@@ -395,7 +395,7 @@ def _study_summaries(storage: str) -> list:
     """Every study in a storage; an unreachable or corrupt storage is one clear error."""
     import optuna
 
-    from search.errors import PartuneError
+    from partune.core.errors import PartuneError
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -409,11 +409,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     import optuna
 
-    from backends import registry
-    from runners.peers import PEER_LABELS
-    from search.errors import PartuneError
-    from search.store import MeasurementStore, device_fingerprint
-    from search.tune import Progress, tune
+    from partune.backends import registry
+    from partune.core.errors import PartuneError
+    from partune.core.versions import device_fingerprint
+    from partune.runners.peers import PEER_LABELS
+    from partune.search.tune import Progress, tune
+    from partune.store.measurements import MeasurementStore
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     tune_budget = parse_duration(args.tune_budget) if args.tune_budget else 0.0
@@ -496,13 +497,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def _build_pool(args: argparse.Namespace, timeout_s: float):
     """(a build pool, the measuring worker's cores), or (None, None) where none pays.
 
-    A pool builds candidates on the cores the timings do not use (``runners.build_pool``).
+    A pool builds candidates on the cores the timings do not use (``partune.runners.build_pool``).
     It needs a local runner and a core to spare, and is left out when several workers share
     the search (they already keep every core busy).
     """
     import tempfile
 
-    from runners.build_pool import BuildPool, split_cores, unpin_search_process
+    from partune.runners.build_pool import BuildPool, split_cores, unpin_search_process
 
     if args.build_pool == "off" or args.runner != "local" or args.workers > 1 or args.worker:
         return None, None
@@ -581,9 +582,9 @@ def _save_front(result, output: str) -> list[str]:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """A deploy directory from a plan file, or from the best plan a tuning study stored."""
+    from partune.core.errors import PartuneError
+    from partune.core.plan import Plan
     from partune.export import export
-    from search.errors import PartuneError
-    from search.plan import Plan
 
     spec, shapes = args.model, args.input_shape
     if args.plan:
@@ -615,7 +616,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Every tuning job in a storage: progress, time left, emitted plan and its standing."""
     import time
 
-    from search.store import STUDY_PREFIX
+    from partune.store.measurements import STUDY_PREFIX
 
     summaries = _study_summaries(args.storage)
     stores = [s for s in summaries if s.study_name.startswith(STUDY_PREFIX)]
@@ -667,9 +668,9 @@ def _duration(seconds: float) -> str:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Markdown and PNG plots for one tuning job."""
+    from partune.core.errors import PartuneError
+    from partune.core.plan import Plan
     from partune.report import write_report
-    from search.errors import PartuneError
-    from search.plan import Plan
 
     attrs = _job(args.storage, args.study)
     model = None
@@ -687,11 +688,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_costmodel_eval(args: argparse.Namespace) -> int:
     """Leave-one-model-out: how well the cost model ranks each DP frontier's candidates."""
-    from cost_models.evaluate import Samples, leave_one_model_out, samples_for
-    from cost_models.xgboost_model import CostModel
+    from partune.core.errors import PartuneError
+    from partune.cost_models.xgboost_model import CostModel
     from partune.models import load
-    from search.errors import PartuneError
-    from search.store import STUDY_PREFIX, MeasurementStore
+    from partune.search.cost_model_eval import Samples, leave_one_model_out, samples_for
+    from partune.store.measurements import STUDY_PREFIX, MeasurementStore
 
     stores = [s for s in _study_summaries(args.storage) if s.study_name.startswith(STUDY_PREFIX)]
     if not stores:
@@ -736,7 +737,7 @@ def _is_zoo(name: str) -> bool:
 
 
 def cmd_rpc_server(args: argparse.Namespace) -> int:
-    from runners.rpc import serve
+    from partune.runners.rpc import serve
 
     serve(args.tracker, args.key, host=args.host, port=args.port, port_end=args.port_end)
     return 0
@@ -751,7 +752,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    from backends import registry
+    from partune.backends import registry
 
     for name in registry.names():
         b = registry.get(name)
@@ -944,16 +945,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _is_bad_input(e: Exception) -> bool:
-    """Errors that mean bad input, told apart without importing the search for it (so that
-    running a deploy directory loads no search code)."""
-    from backends.model_file import ModelFileError
-    from backends.registry import UnknownBackendError
+    """Errors that mean bad input (each carries a one-line message), not a bug."""
+    from partune.backends.model_file import ModelFileError
+    from partune.backends.registry import UnknownBackendError
+    from partune.core.errors import PartuneError
     from partune.deployed import DeployError
 
-    kinds: list[type] = [UnknownBackendError, DeployError, ModelFileError]
-    if "search.errors" in sys.modules:  # nothing else can have raised a PartuneError
-        kinds.append(sys.modules["search.errors"].PartuneError)
-    return isinstance(e, tuple(kinds))
+    return isinstance(e, (PartuneError, UnknownBackendError, DeployError, ModelFileError))
 
 
 if __name__ == "__main__":

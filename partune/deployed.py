@@ -7,8 +7,8 @@ every TVM-native region compiled in), one file per library region (the region as
 JSON, rebuilt here by its backend: onnxruntime, OpenVINO or torch kernels live in
 Python and are registered in this process under the symbols the executable calls),
 ``plan.json``, and ``manifest.json`` with checksums and the environment it was built in.
-This module imports TVM, numpy and ``backends`` only: nothing of ``search/`` or
-``cost_models/``.
+This module imports TVM, numpy, ``partune.core`` and ``partune.backends`` only: nothing of
+the search, the store or the cost models (the import-linter contract holds it).
 
     model = partune.deployed.load("deploy/")
     outputs = model(x)          # numpy in, list of numpy out
@@ -17,44 +17,21 @@ This module imports TVM, numpy and ``backends`` only: nothing of ``search/`` or
 from __future__ import annotations
 
 import json
-import platform
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
 
-from backends.checksum import first_damaged
+from partune.backends.checksum import first_damaged
+from partune.core.scopes import SEScope
+from partune.core.versions import deploy_environment
 
 MANIFEST = "manifest.json"
 FORMAT = 1
-# Packages whose version changes what the artifact computes or whether it loads.
-PINNED = ("apache-tvm", "apache-tvm-ffi")
-BACKEND_PACKAGES = {"torch": "torch", "onnxruntime": "onnxruntime", "openvino": "openvino"}
 
 
 class DeployError(RuntimeError):
     """A deploy directory that is incomplete, modified, or built for another environment."""
-
-
-def environment(backends: list[str]) -> dict[str, str]:
-    """The versions that must match between export and load."""
-    out = {"python": ".".join(platform.python_version_tuple()[:2]), "machine": platform.machine()}
-    for pkg in (*PINNED, *(BACKEND_PACKAGES[b] for b in backends if b in BACKEND_PACKAGES)):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "missing"
-    return out
-
-
-@dataclass(frozen=True)
-class _Scope:
-    """What a library backend reads of a region's SEScope when it builds it here."""
-
-    device_type: str | None = "cpu"
-    virtual_device_id: int | None = 0
-    backend: str | None = None
 
 
 @dataclass
@@ -62,7 +39,7 @@ class Deployed:
     """A loaded model: call it with numpy arrays, get a list of numpy arrays back.
 
     Either a Relax VM (a partitioned plan) or, for a model-file plan, the model's own ONNX
-    graph under its library (``file_run``, a ``backends.model_file.ModelFileRun``).
+    graph under its library (``file_run``, a ``partune.backends.model_file.ModelFileRun``).
     """
 
     vm: object
@@ -138,7 +115,7 @@ def verify(path: Path) -> dict:
     damaged = first_damaged(path, manifest["files"])
     if damaged:
         raise DeployError(f"{path}: {damaged}")
-    here = environment(manifest["backends"])
+    here = deploy_environment(manifest["backends"])
     diff = [f"{k} {v} (exported with {manifest['environment'].get(k)})" for k, v in here.items()
             if manifest["environment"].get(k) != v]
     if diff:
@@ -151,13 +128,13 @@ def load(path: str | Path, threads: int | None = None) -> Deployed:
     import tvm
     from tvm import relax
 
-    from backends import registry
+    from partune.backends import registry
 
     path = Path(path)
     manifest = verify(path)
     registry.set_threads(threads or manifest["threads"])
     if file := manifest.get("model_file"):
-        from backends.model_file import ModelFileError, open_model_file
+        from partune.backends.model_file import ModelFileError, open_model_file
 
         examples = [np.zeros(i["shape"], i["dtype"]) for i in manifest["inputs"]]
         try:
@@ -167,7 +144,7 @@ def load(path: str | Path, threads: int | None = None) -> Deployed:
         return Deployed(None, None, manifest, path, file_run=run)
     for region in manifest["regions"]:
         func = tvm.ir.load_json((path / region["file"]).read_text())["region"]
-        scope = _Scope(region["device_type"], region["virtual_device_id"], region["backend"])
+        scope = SEScope(region["device_type"], region["virtual_device_id"], backend=region["backend"])
         kernel = registry.get(region["backend"]).build_region(func, scope, registry.threads())
         tvm.register_global_func(region["symbol"], kernel, override=True)
     lib = tvm.runtime.load_module(str(path / manifest["library"]))

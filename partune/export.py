@@ -17,13 +17,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from backends import registry
-from backends.checksum import checksums
-from partune.deployed import FORMAT, MANIFEST, environment
-from runners.builder import install_codegen, main_compiler, partition_plan
-from search import partition
-from search.plan import Plan
-from search.store import device_fingerprint
+from partune.backends import registry
+from partune.backends.checksum import checksums
+from partune.core import partition
+from partune.core.plan import Plan
+from partune.core.versions import deploy_environment, device_fingerprint
+from partune.deployed import FORMAT, MANIFEST
+from partune.runners.builder import install_codegen, main_compiler, partition_plan
 
 LIBRARY = "model.so"
 MODEL_FILE = "model.onnx"  # a model-file plan's graph
@@ -64,8 +64,8 @@ def export(model, plan: Plan, out: str | Path, threads: int = 1) -> Path:
 
 def _export_model_file(model, plan: Plan, out: Path, threads: int) -> Path:
     """A model-file plan: the model's own ONNX graph, loaded by its library where deployed."""
-    from runners.builder import build_model_file
-    from runners.peers import model_onnx
+    from partune.runners.builder import build_model_file
+    from partune.runners.peers import model_onnx
 
     data = model_onnx(model)
     build_model_file(plan, data, model.inputs, threads)  # the file is the plan's, and it loads
@@ -88,7 +88,7 @@ def _finish(model, plan: Plan, out: Path, threads: int, contents: dict) -> Path:
         "format": FORMAT, "model": model.name, "model_fingerprint": model.graph.fingerprint,
         "reference": model.reference_source, "device_type": host.device_type or "cpu",
         "target": host.to_json(), "threads": threads, "device_fingerprint": device_fingerprint(threads),
-        "environment": environment(contents["backends"]), "plan_backends": list(plan.backends),
+        "environment": deploy_environment(contents["backends"]), "plan_backends": list(plan.backends),
         "inputs": [{"name": p.name, "shape": list(a.shape), "dtype": str(a.dtype)}
                    for p, a in zip(params, model.inputs, strict=True)],
         **contents, "files": checksums(out, files),

@@ -20,11 +20,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from runners.builder import flatten_outputs
-from runners.worker import random_array
-from search.errors import ModelError, last_line
-from search.graph import DataflowGraph
-from search.scopes import SEScope
+from partune.core.errors import ModelError, last_line
+from partune.core.graph import DataflowGraph
+from partune.core.scopes import SEScope
+from partune.runners.builder import flatten_outputs
+from partune.runners.protocol import random_array
 
 SEED = 0
 
@@ -385,7 +385,9 @@ def load_tvmscript(path: Path) -> Model:
         if not isinstance(ty, relax.TensorType) or ty.shape is None:
             raise ModelError(f"{path}: parameter '{p.name}' needs a static tensor shape")
         inputs.append(_random_input(tuple(int(v) for v in ty.shape.values), str(ty.dtype), SEED + k))
-    from backends.tvm_backend import compile_module  # the reference is the untuned TVM build
+    from partune.backends.tvm_backend import (
+        compile_module,  # the reference is the untuned TVM build
+    )
 
     mod, hints = _strip_hints(mod)
     mod = normalise(mod)

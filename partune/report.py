@@ -10,8 +10,8 @@ from pathlib import Path
 
 import optuna
 
-from search.graph import DataflowGraph
-from search.plan import Plan
+from partune.core.graph import DataflowGraph
+from partune.core.plan import Plan
 
 COLOURS = {"tvm": "#4c72b0", "torch": "#dd8452", "onnxruntime": "#55a868", "openvino": "#c44e52"}
 

@@ -4,7 +4,7 @@ MetaSchedule splits the Builder from the Runner; so does this. Without a pool th
 measuring worker builds each candidate (TVM compile, ORT graph optimisation, OpenVINO
 compile) right before timing it, so every build is on the search's critical path. A
 pool of build workers (processes like the measuring worker, pinned to the other cores)
-builds the requests it is given into a build cache (``backends.build_cache``) while the
+builds the requests it is given into a build cache (``partune.backends.build_cache``) while the
 measurer times earlier ones; the measurer then only loads a ready artefact.
 
     unpin_search_process()                            # TVM pinned this process to core 0
@@ -37,8 +37,8 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
-from backends import build_cache
-from runners.local import LocalRunner
+from partune.backends import build_cache
+from partune.runners.local import LocalRunner
 
 K = TypeVar("K", bound=Hashable)
 
@@ -292,7 +292,7 @@ class BuildPool:
 
 def _caches(backend: str) -> bool:
     """Whether ``backend`` keeps built regions (unknown here: let the worker decide)."""
-    from backends import registry
+    from partune.backends import registry
 
     try:
         return bool(registry.get(backend).caches_builds)

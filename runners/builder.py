@@ -14,11 +14,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from backends import registry
-from search import partition
-from search.graph import DataflowGraph, main_bindings
-from search.plan import Plan
-from search.scopes import SEScope
+from partune.backends import registry
+from partune.core import partition
+from partune.core.graph import DataflowGraph, main_bindings
+from partune.core.plan import Plan
+from partune.core.scopes import SEScope
 
 _installed: set[str] = set()
 _build_ids = itertools.count()
@@ -82,7 +82,7 @@ def main_compiler(plan: Plan):
 
 def partition_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph, prefix: str) -> tvm.IRModule:
     """``plan`` applied to ``mod`` with the registry's codegens; tuned TVM regions keep their
-    borders (``search.partition``), so they run the workloads that were tuned."""
+    borders (``partune.core.partition``), so they run the workloads that were tuned."""
     return partition.apply(plan, mod, graph, lambda b: registry.get(b).codegen, prefix=prefix,
                            bordered=lambda b: registry.get(b).autotuned)
 
@@ -106,11 +106,11 @@ def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltMode
 def build_model_file(plan: Plan, data: bytes, inputs: list[np.ndarray], threads: int):
     """A model-file plan (``Plan.model_file``): the model's own ONNX bytes under its library.
 
-    Returns a ``backends.model_file.ModelFileRun`` (called and prepared like ``BuiltModel``).
+    Returns a ``partune.backends.model_file.ModelFileRun`` (called and prepared like ``BuiltModel``).
     A plan made for the user's file refuses any other file.
     """
-    from backends.model_file import open_model_file, sha256
-    from search.errors import PlanError
+    from partune.backends.model_file import open_model_file, sha256
+    from partune.core.errors import PlanError
 
     file = plan.model_file
     if file is None:
@@ -128,13 +128,13 @@ def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ..
 
     The region is lifted into a function of its own and shipped as TVM JSON, so the
     worker needs nothing of the model but this text. With ``values`` (from
-    ``runners.capture``) the request carries the tensors the region reads inside the
+    ``partune.runners.capture``) the request carries the tensors the region reads inside the
     model; without, the worker draws random ones. With ``build_cache`` (a directory a
-    ``runners.build_pool.BuildPool`` builds into) the worker loads the region built ahead
+    ``partune.runners.build_pool.BuildPool`` builds into) the worker loads the region built ahead
     of time when it is there.
     """
-    from runners.capture import region_inputs
-    from runners.worker import encode_array
+    from partune.runners.capture import region_inputs
+    from partune.runners.protocol import encode_array
 
     bindings = main_bindings(mod["main"])
     exits = [bindings[n].var for n in partition.region_exits(graph, set(nodes))]
@@ -164,7 +164,7 @@ def plan_request(module_json: str, plan: Plan, inputs: list[np.ndarray],
     ``fresh``: measure in a new worker process, so the peak memory reported is this
     plan's alone (a local runner restarts its worker; slower by the worker's start-up).
     """
-    from runners.worker import encode_array
+    from partune.runners.protocol import encode_array
 
     return {"kind": "plan", "module": module_json, "plan": plan.to_json(), "fresh": fresh,
             "inputs": [encode_array(a) for a in inputs], "protocol": protocol or {}}
@@ -172,8 +172,8 @@ def plan_request(module_json: str, plan: Plan, inputs: list[np.ndarray],
 
 def compare_request(module_json: str, plans: dict[str, Plan], peers: dict[str, dict],
                     inputs: list[np.ndarray], rounds: int = 5) -> dict:
-    """A request to time plans and peers (``runners.peers`` specs) in one process, interleaved."""
-    from runners.worker import encode_array
+    """A request to time plans and peers (``partune.runners.peers`` specs) in one process, interleaved."""
+    from partune.runners.protocol import encode_array
 
     contenders = {label: {"kind": "plan", "plan": p.to_json()} for label, p in plans.items()}
     return {"kind": "compare", "module": module_json, "contenders": contenders | peers,

@@ -13,12 +13,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from backends import registry
-from backends.base import static_shape, tensor_types
-from search.errors import last_line
-from search.graph import DataflowGraph, main_bindings
-from search.partition import lift_region
-from search.scopes import SEScope, cpu_target
+from partune.backends import registry
+from partune.core.errors import last_line
+from partune.core.graph import DataflowGraph, main_bindings
+from partune.core.partition import lift_region
+from partune.core.scopes import SEScope, cpu_target
+from partune.core.tensors import static_shape, tensor_types
 
 Values = dict[relax.Var, "np.ndarray | list[np.ndarray]"]
 CAPTURE_LIMIT_BYTES = 2 << 30  # beyond this, regions fall back to valid random inputs

@@ -8,7 +8,7 @@ with the error kept.
 ``cpus`` pins the worker to those cores (``os.sched_setaffinity`` at its start, and TVM
 told not to re-pin: by default TVM binds every process that sets up its thread pool to
 core 0, whatever mask it had). A measuring worker on its own core beside a build pool
-(``runners.build_pool``) on the others is the intended use.
+(``partune.runners.build_pool``) on the others is the intended use.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import tempfile
 import time
 from collections.abc import Iterable
 
-from runners.runner import Runner
-from runners.worker_main import CPUS_ENV
+from partune.runners.runner import Runner
+from partune.runners.worker_main import CPUS_ENV
 
 
 class LocalRunner(Runner):
@@ -48,9 +48,8 @@ class LocalRunner(Runner):
             self._log.seek(0)
             self._log.truncate()
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "runners.worker_main"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True,
-                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                [sys.executable, "-m", "partune.runners.worker_main"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True)
             if self._read(4, time.monotonic() + self.startup_timeout_s) != b"RDY!":
                 raise ChildProcessError
         return self._proc

@@ -3,7 +3,7 @@
 The verdict of ``partune tune`` and ``partune bench`` measure these beside Partune's plans
 in one run, so every ratio printed compares numbers taken on the same machine at the same
 time. onnxruntime and OpenVINO run the user's own ONNX file (or an export of the model)
-through ``backends.model_file``: the same code that runs a model-file plan, so when a
+through ``partune.backends.model_file``: the same code that runs a model-file plan, so when a
 library on the user's file wins, the plan that says so is exactly what was timed.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from backends.model_file import LIBRARIES, open_model_file
-from search.errors import last_line
+from partune.backends.model_file import LIBRARIES, open_model_file
+from partune.core.errors import last_line
 
 Runnable = Callable[[], object]
 
@@ -86,12 +86,12 @@ def model_onnx(model) -> bytes:
         return model.onnx_bytes
     if model.torch_module is not None:
         return onnx_export(model.torch_module, model.inputs)
-    from backends.onnxruntime_backend import relax_to_onnx
+    from partune.backends.onnxruntime_backend import relax_to_onnx
 
     return relax_to_onnx(model.mod["main"]).SerializeToString()
 
 
-# The peers: graph-level libraries on the model's ONNX graph (``backends.model_file``, the
+# The peers: graph-level libraries on the model's ONNX graph (``partune.backends.model_file``, the
 # very code a model-file plan deploys with), and torch on the module.
 LIBRARY_PEERS = LIBRARIES
 PEER_LABELS = {"onnxruntime": "onnxruntime", "openvino": "openvino",

@@ -12,8 +12,8 @@ import signal
 import socket
 import time
 
-from runners.runner import Runner
-from search.errors import PartuneError, last_line
+from partune.core.errors import PartuneError, last_line
+from partune.runners.runner import Runner
 
 MEASURE_FUNC = "partune.measure"
 
@@ -58,7 +58,7 @@ def _register_in_server() -> None:
     import tvm
 
     warnings.filterwarnings("ignore")
-    from runners.worker import handle_json
+    from partune.runners.worker import handle_json
 
     tvm.register_global_func(MEASURE_FUNC, handle_json, override=True)
 

@@ -1,6 +1,6 @@
 """The Runner interface: take a measurement request, return what was measured.
 
-A request is a JSON-able dict built by ``runners.builder`` (a region, a whole plan, or
+A request is a JSON-able dict built by ``partune.runners.builder`` (a region, a whole plan, or
 a comparison of plans and peers); a runner decides where it is timed: a local worker
 process, or a server reached through a TVM RPC tracker.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from runners.timing import Measurement
+from partune.runners.timing import Measurement
 
 
 class Runner(ABC):

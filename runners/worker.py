@@ -7,37 +7,17 @@ A crash or hang here costs the request, never the search that sent it.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import io
 import json
 import time
 import traceback
 
 import numpy as np
 
-from runners import memory
-from runners.timing import Measurement, Protocol, time_callable
-from search.errors import last_line
-
-
-def encode_array(a: np.ndarray) -> str:
-    buf = io.BytesIO()
-    np.save(buf, a, allow_pickle=False)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def decode_array(s: str) -> np.ndarray:
-    return np.load(io.BytesIO(base64.b64decode(s)), allow_pickle=False)
-
-
-def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
-    """Random data of a dtype: normal floats; 0/1 integers and bools, valid as any index."""
-    if dtype == "bool":
-        return rng.integers(0, 2, size=shape).astype(bool)
-    if np.issubdtype(np.dtype(dtype), np.integer):
-        return rng.integers(0, 2, size=shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
+from partune.core.errors import last_line
+from partune.runners import memory
+from partune.runners.protocol import decode_array, random_array
+from partune.runners.timing import Measurement, Protocol, time_callable
 
 
 def _protocol(req: dict) -> Protocol:
@@ -48,14 +28,14 @@ def _region(req: dict):
     """The region function and SEScope a region or tune request carries."""
     import tvm
 
-    from search.scopes import SEScope
+    from partune.core.scopes import SEScope
 
     return tvm.ir.load_json(req["module"])[req["function"]], SEScope.from_json(req["scope"])
 
 
 def tune_region(req: dict) -> dict:
     """Tune one region for an autotuned backend (where it will be measured); its report."""
-    from backends import registry
+    from partune.backends import registry
 
     registry.set_threads(req.get("threads", 1))
     func, scope = _region(req)
@@ -66,10 +46,10 @@ def build_region(req: dict, write: bool = False, info: dict | None = None):
     """The region function of a region request and its kernel, built by its backend.
 
     With ``build_cache`` in the request, a backend that can (``caches_builds``) loads what
-    a build worker stored (``runners.build_pool``); ``write``: store what is built (build
+    a build worker stored (``partune.runners.build_pool``); ``write``: store what is built (build
     workers). ``info`` receives the build's seconds and what the cache did.
     """
-    from backends import build_cache, registry
+    from partune.backends import build_cache, registry
 
     registry.set_threads(req.get("threads", 1))
     func, scope = _region(req)
@@ -86,7 +66,7 @@ def build_region(req: dict, write: bool = False, info: dict | None = None):
 
 def build_into_cache(req: dict) -> dict:
     """A build worker's request: build a region into the build cache; what happened."""
-    from backends import registry
+    from partune.backends import registry
 
     if not registry.get(req["backend"]).caches_builds:
         return {"cache": "not cached by this backend"}
@@ -102,7 +82,7 @@ def measure_region(req: dict, info: dict | None = None) -> Measurement:
     """
     import tvm
 
-    from backends.base import static_shape, tensor_types
+    from partune.core.tensors import static_shape, tensor_types
 
     func, kernel = build_region(req, info=info)
     if "inputs" in req:  # what the region reads inside the model
@@ -120,10 +100,10 @@ def measure_plan(req: dict) -> Measurement:
     """Build a whole model under a plan and time it end to end."""
     import tvm
 
-    from backends import registry
-    from runners.builder import build_plan
-    from search.graph import DataflowGraph
-    from search.plan import Plan
+    from partune.backends import registry
+    from partune.core.graph import DataflowGraph
+    from partune.core.plan import Plan
+    from partune.runners.builder import build_plan
 
     registry.set_threads(req.get("threads", 1))
     mod = tvm.ir.load_json(req["module"])
@@ -146,9 +126,9 @@ def measure_plan(req: dict) -> Measurement:
 def _warm_up(plan) -> None:
     """Load each backend of ``plan`` and its compiler on a one-op model first, so that the
     footprint measured next is the plan's own, not the libraries' code every plan loads."""
-    from runners.builder import build_plan, calibration_module
-    from search.graph import DataflowGraph
-    from search.plan import Plan, Region
+    from partune.core.graph import DataflowGraph
+    from partune.core.plan import Plan, Region
+    from partune.runners.builder import build_plan, calibration_module
 
     mod = calibration_module()
     graph = DataflowGraph.from_function(mod["main"])
@@ -165,12 +145,12 @@ def measure_compare(req: dict) -> dict[str, Measurement]:
     """
     import tvm
 
-    from backends import registry
-    from runners.builder import build_plan
-    from runners.peers import make_peer
-    from runners.timing import time_interleaved
-    from search.graph import DataflowGraph
-    from search.plan import Plan
+    from partune.backends import registry
+    from partune.core.graph import DataflowGraph
+    from partune.core.plan import Plan
+    from partune.runners.builder import build_plan
+    from partune.runners.peers import make_peer
+    from partune.runners.timing import time_interleaved
 
     registry.set_threads(req.get("threads", 1))
     mod = tvm.ir.load_json(req["module"])

@@ -25,7 +25,7 @@ def main() -> None:
     proto_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     proto_in = sys.stdin.buffer
-    from runners.worker import handle
+    from partune.runners.worker import handle
 
     proto_out.write(b"RDY!")  # imports done: the parent's clock for requests starts now
     proto_out.flush()

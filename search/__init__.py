@@ -1,1 +1,2 @@
-"""Partune's search: graphs, SEScopes, partition rules, candidates, plans."""
+"""Partune's search: partition rules, candidates, the DP, auto-tuning choices,
+refinement, and the session that runs them in order."""

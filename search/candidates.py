@@ -1,6 +1,6 @@
 """Candidates: (SubGraph, SEScope, rule) for every scope the CompilationConfig offers.
 
-The search reaches backends only through ``backends.registry``: a backend says which
+The search reaches backends only through ``partune.backends.registry``: a backend says which
 nodes it accepts, its fusion style picks the partition rule, its patterns feed the
 pattern rule. Pinned nodes keep their SEScope: a candidate whose scope is incompatible
 with a pin on any of its nodes is dropped.
@@ -8,20 +8,18 @@ with a pin on any of its nodes is dropped.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 
 import tvm
 from tvm import relax
 from tvm.relax.dpl import WildcardPattern
 
-from backends import registry
-from search.graph import DataflowGraph, main_bindings
-from search.plan import Plan, single_backend_plan
-from search.rules import RuleContext, rule_for_style
-from search.scopes import CompilationConfig, SEScope
-from search.subgraph import SubGraph
+from partune.backends import registry
+from partune.core.graph import DataflowGraph, main_bindings
+from partune.core.plan import Plan, single_backend_plan
+from partune.core.scopes import CompilationConfig, SEScope
+from partune.core.subgraph import SubGraph
+from partune.search.rules import RuleContext, rule_for_style
 
 
 @dataclass(frozen=True)
@@ -37,23 +35,6 @@ class Candidate:
 
     def __str__(self) -> str:
         return f"{self.scope.backend}{self.subgraph} ({self.rule})"
-
-
-def region_key(graph: DataflowGraph, nodes: tuple[int, ...]) -> str:
-    """Structural key of a region: ops, attributes, shapes, dtypes and internal edges.
-
-    Weights' values and node numbers do not enter it, so the same layer repeated in a
-    model, or in another model, is measured once.
-    """
-    pos = {n: i for i, n in enumerate(nodes)}
-    doc = []
-    for n in nodes:
-        node = graph.nodes[n]
-        ins = [f"i{pos[p]}" if p in pos else f"x{graph.nodes[p].shapes}{graph.nodes[p].dtypes}"
-               for p in node.inputs]
-        exit_ = any(c not in pos for c in graph.consumers[n]) or n in graph.outputs
-        doc.append((node.op, node.attrs, node.shapes, node.dtypes, node.args, ins, exit_))
-    return hashlib.sha256(json.dumps(doc, default=str).encode()).hexdigest()[:24]
 
 
 def _matcher(func: relax.Function):

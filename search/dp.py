@@ -13,8 +13,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from search.candidates import Candidate
-from search.graph import DataflowGraph
+from partune.core.graph import DataflowGraph
+from partune.search.candidates import Candidate
 
 
 def input_mask(c: Candidate) -> int:

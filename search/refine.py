@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
-from runners.timing import Measurement
-from search.claims import worker_id
-from search.graph import DataflowGraph
-from search.plan import Plan, Region, region_order
-from search.scopes import CompilationConfig
-from search.subgraph import SubGraph
+from partune.core.graph import DataflowGraph
+from partune.core.plan import Plan, Region, region_order
+from partune.core.scopes import CompilationConfig
+from partune.core.subgraph import SubGraph
+from partune.runners.timing import Measurement
+from partune.store.claims import worker_id
 
 KEEP = "keep"
 

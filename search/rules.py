@@ -12,8 +12,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from search.graph import DataflowGraph, OpKind
-from search.subgraph import SubGraph
+from partune.core.graph import DataflowGraph, OpKind
+from partune.core.subgraph import SubGraph
 
 TRIVIAL_OPS = frozenset({"tuple", "get_item", "alias", "const"})
 

@@ -4,7 +4,7 @@ Phases: capture the model's intermediate values (candidates are timed on what th
 inside the model); measure every candidate region on its SEScope; calibrate fixed
 per-call costs; DP over measured costs; measure the DP plan, second opinions and every
 single-backend plan end to end; learn border costs from those plans and let the DP
-propose again (``search.borders``); optionally refine with Optuna (``search.refine``);
+propose again (``partune.cost_models.borders``); optionally refine with Optuna (``partune.search.refine``);
 then the three fastest plans meet the peers (onnxruntime on the user's model,
 torch.compile) in one process, interleaved, and the fastest plan is emitted with its
 standing against them.
@@ -16,7 +16,6 @@ and a finished one, run again, measures nothing.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -26,10 +25,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import tvm
 
-from backends import registry
-from backends.model_file import sha256
-from runners.build_pool import BuildPool, Lookahead
-from runners.builder import (
+from partune.backends import registry
+from partune.backends.model_file import sha256
+from partune.core.errors import last_line
+from partune.core.graph import DataflowGraph
+from partune.core.keys import candidate_key, plan_key, region_key, verdict_key
+from partune.core.plan import ModelFile, Plan, Region, model_file_plan
+from partune.core.scopes import CompilationConfig, SEScope
+from partune.core.subgraph import SubGraph
+from partune.cost_models.borders import BorderModel, Equation, fit, region_features
+from partune.runners.build_pool import BuildPool, Lookahead
+from partune.runners.builder import (
     calibration_module,
     compare_request,
     overhead_request,
@@ -37,26 +43,19 @@ from runners.builder import (
     region_request,
     tune_request,
 )
-from runners.peers import DEFAULT_PEERS, model_origin, peer_kind
-from runners.runner import Runner
-from runners.timing import Measurement
-from search.borders import BorderModel, Equation, fit, region_features
-from search.candidates import (
+from partune.runners.peers import DEFAULT_PEERS, model_origin, peer_kind
+from partune.runners.runner import Runner
+from partune.runners.timing import Measurement
+from partune.search.candidates import (
     Candidate,
     accepted_nodes,
     backend_plan,
     enumerate_candidates,
-    region_key,
 )
-from search.dp import Cover, NoCoverError, cheapest_cover, schedulable
-from search.errors import last_line
-from search.graph import DataflowGraph
-from search.plan import ModelFile, Plan, Region, model_file_plan
-from search.refine import refine
-from search.scopes import CompilationConfig, SEScope
-from search.store import POLL_S, MeasurementStore
-from search.subgraph import SubGraph
-from search.tuning import TuningChoice, tuning_order
+from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
+from partune.search.refine import refine
+from partune.search.tuning import TuningChoice, tuning_order
+from partune.store.measurements import POLL_S, MeasurementStore
 
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
 CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
@@ -72,17 +71,6 @@ MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regi
 OPTIMISM = 0.8
 VERDICT_ROUNDS = 7
 VERDICT_TIMEOUT_S = 900.0  # torch.compile of a whole model inside the measuring process
-
-
-def candidate_key(graph, c: Candidate) -> str:
-    return "region:" + region_key(graph, c.subgraph.nodes) + ":" + json.dumps(c.scope.to_json(), sort_keys=True)
-
-
-def plan_key(plan: Plan) -> str:
-    doc = [plan.fingerprint, sorted((list(r.nodes), r.scope.to_json()) for r in plan.regions)]
-    if plan.model_file is not None:  # (partitioned plans keep the keys they always had)
-        doc.append(plan.model_file.to_json())
-    return "plan:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
 
 
 @dataclass
@@ -142,17 +130,17 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     each DP frontier are measured (``_prune``); the rest enter the DP with predicted costs,
     and any the DP picks are measured before its plan counts.
     Candidates of autotuned backends (tuned TVM) are tuned, ``tune_trials`` per region,
-    most expected gain first (``search.tuning``), for at most ``tune_budget_s`` seconds,
+    most expected gain first (``partune.search.tuning``), for at most ``tune_budget_s`` seconds,
     then measured like the rest; a region never tuned is never used.
     ``refine_trials`` plan variants around the DP's plan are measured end to end by an
-    Optuna study (``search.refine``); with ``memory`` NSGA-II searches latency and peak
+    Optuna study (``partune.search.refine``); with ``memory`` NSGA-II searches latency and peak
     memory, and the Pareto front is in the result. ``deadline`` (``time.monotonic``)
     stops candidate measuring and refinement; the verdict still runs. Several processes
     may run this on one storage at once: measurements are claimed (``Store.obtain``), so
     none is taken twice, and ``worker_only`` processes stop after refinement. ``peers`` are the tools a user would pick instead
-    (``runners.peers``): the finalist plans meet them in one interleaved comparison, and
+    (``partune.runners.peers``): the finalist plans meet them in one interleaved comparison, and
     the emitted plan is the fastest plan of that comparison, with its standing against
-    the best peer in its notes. With a ``build_pool`` (``runners.build_pool``, local runner
+    the best peer in its notes. With a ``build_pool`` (``partune.runners.build_pool``, local runner
     only) candidates are built a few ahead on the cores the measurements do not use.
     """
     progress = progress or Progress()
@@ -160,7 +148,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     graph, mod = model.graph, model.mod
     config = CompilationConfig.for_cpu(backends, threads)
     cands = [c for c in enumerate_candidates(mod, graph, config, pins) if schedulable(c)]
-    keys = {c: candidate_key(graph, c) for c in cands}
+    keys = {c: candidate_key(graph, c.subgraph.nodes, c.scope) for c in cands}
     # An autotuned backend's candidates mean nothing untuned: they wait for the tuning phase.
     autotuned = {b for b in backends if registry.get(b).autotuned}
     # Small regions first: the singles alone already give a complete cover.
@@ -476,7 +464,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
 def _fastest_library_peer(result: TuneResult) -> str | None:
     """The verdict's fastest library peer on the model's own graph (onnxruntime, OpenVINO):
     the one a model-file plan can be made of. None when no such peer ran."""
-    from runners.peers import LIBRARY_PEERS
+    from partune.runners.peers import LIBRARY_PEERS
 
     ok = [p for p in result.peers if peer_kind(p) in LIBRARY_PEERS and result.verdict.get(p) is not None
           and result.verdict[p].ok]
@@ -515,7 +503,7 @@ def refine_study_name(graph: DataflowGraph, dp_plan: Plan, memory: bool) -> str:
 
 def _features(graph: DataflowGraph, cands: list[Candidate]) -> np.ndarray:
     """The cost model's input, one row per candidate."""
-    from cost_models.features import featurize
+    from partune.cost_models.features import featurize
 
     return np.stack([featurize(graph, c.subgraph.nodes, c.backend) for c in cands])
 
@@ -548,7 +536,7 @@ def _prune(cands: list[Candidate], x: np.ndarray, todo: dict[str, Candidate], co
 
 def _capture(model, backends: list[str], result: TuneResult, progress: Progress):
     """The model's intermediate values, so candidates are measured on what they will see."""
-    from runners.capture import capture_values
+    from partune.runners.capture import capture_values
 
     progress.start_phase("capture the model's values", 1)
     try:
@@ -563,11 +551,10 @@ def _capture(model, backends: list[str], result: TuneResult, progress: Progress)
 def _verdict(model, module_json: str, finalists: dict[str, Plan], peers: tuple[str, ...],
              runner: Runner, store: MeasurementStore, result: TuneResult, progress: Progress) -> None:
     """Finalist plans against the peers, in one process, interleaved; stored like the rest."""
-    from runners.peers import available_peers, peer_label, peer_specs
+    from partune.runners.peers import available_peers, peer_label, peer_specs
 
     wanted = available_peers(model, peers)
-    doc = [model.graph.fingerprint, sorted(plan_key(p) for p in finalists.values()), sorted(wanted)]
-    key = "verdict:" + hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:24] + ":"
+    key = verdict_key(model.graph.fingerprint, [plan_key(p) for p in finalists.values()], wanted)
     labels = list(finalists) + [peer_label(p, model) for p in wanted]
     progress.start_phase("plans vs peers, interleaved", 1)
     while not all(key + label in store for label in labels):
@@ -633,5 +620,5 @@ def calibrate(runner: Runner, store: MeasurementStore, config: CompilationConfig
 def _stored_cost(store: MeasurementStore, graph, region: Region) -> float | None:
     """A region's cost if it was measured as a candidate (single-backend plans' regions)."""
     c = Candidate(SubGraph.of(graph, region.nodes), region.scope, "")
-    m = store.get(candidate_key(graph, c))
+    m = store.get(candidate_key(graph, c.subgraph.nodes, c.scope))
     return m.cost_s if m is not None and m.ok else None

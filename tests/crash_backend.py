@@ -11,7 +11,7 @@ import time
 
 from tvm import relax
 
-from backends.base import Backend, FusionStyle, Level
+from partune.backends.base import Backend, FusionStyle, Level
 
 
 class SegfaultBackend(Backend):

@@ -12,11 +12,11 @@ import os
 import sys
 import time
 
-from runners.timing import Measurement
-from search.plan import Plan
-from search.refine import refine
-from search.store import MeasurementStore
-from search.tune import plan_key
+from partune.core.keys import plan_key
+from partune.core.plan import Plan
+from partune.runners.timing import Measurement
+from partune.search.refine import refine
+from partune.store.measurements import MeasurementStore
 from tests.test_refine import ACCEPTED, BASE, CONFIG, GRAPH, _cost
 
 

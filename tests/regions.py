@@ -9,7 +9,7 @@ import torch
 import tvm
 from tvm import relax
 
-from backends.base import tensor_types
+from partune.core.tensors import tensor_types
 
 SMALL_ZOO = ["resnet50-small", "mobilenet_v2-small", "convnext-small", "vit-small", "bert-small",
              "gpt2-small"]

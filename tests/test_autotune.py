@@ -8,14 +8,14 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from runners.local import LocalRunner
-from search.candidates import Candidate
-from search.graph import DataflowGraph
-from search.scopes import SEScope
-from search.store import MeasurementStore
-from search.subgraph import SubGraph
-from search.tune import tune
-from search.tuning import tuning_order
+from partune.core.graph import DataflowGraph
+from partune.core.scopes import SEScope
+from partune.core.subgraph import SubGraph
+from partune.runners.local import LocalRunner
+from partune.search.candidates import Candidate
+from partune.search.tune import tune
+from partune.search.tuning import tuning_order
+from partune.store.measurements import MeasurementStore
 from tests.graphs import Residual
 
 
@@ -90,7 +90,7 @@ def test_a_tuned_region_wins_the_dp_and_a_rerun_tunes_nothing(tmp_path, monkeypa
         again = tune(model, ["tvm", "tvm-tuned"], runner, store, peers=(), tune_budget_s=240, tune_trials=16)
     assert first.tuned_regions >= 1 and first.tuning_trials > 0
     assert "tvm-tuned" in first.dp_plan.backends  # it measured faster than untuned TVM
-    # A tuned region keeps its borders in the whole-model build (search.partition), so the
+    # A tuned region keeps its borders in the whole-model build (partune.core.partition), so the
     # DP plan runs the workloads that were tuned: end to end it beats untuned TVM.
     assert first.end_to_end[first.dp_label].cost_s < first.end_to_end["tvm-only"].cost_s
     judged = {label: m.median_s for label, m in first.verdict.items() if m.ok}
@@ -101,10 +101,10 @@ def test_a_tuned_region_wins_the_dp_and_a_rerun_tunes_nothing(tmp_path, monkeypa
 
 def test_a_tuned_region_is_fused_alone_in_the_whole_model_build():
     """Tuned matmul + untuned relu: TVM must not fuse them into a workload never tuned."""
-    from backends.tvm_backend import lower_fused
-    from runners.builder import partition_plan
-    from search.plan import Plan, Region
-    from search.scopes import CompilationConfig
+    from partune.backends.tvm_backend import lower_fused
+    from partune.core.plan import Plan, Region
+    from partune.core.scopes import CompilationConfig
+    from partune.runners.builder import partition_plan
 
     model = _matmul_model(16)
     config = CompilationConfig.for_cpu(["tvm", "tvm-tuned"], 1)

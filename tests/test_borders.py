@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from search.borders import Equation, fit, region_features
-from search.graph import DataflowGraph
+from partune.core.graph import DataflowGraph
+from partune.cost_models.borders import Equation, fit, region_features
 from tests.graphs import Diamond
 
 

@@ -10,13 +10,13 @@ import pytest
 import tvm
 from tvm import relax
 
-from backends import build_cache, registry
-from backends.base import static_shape, tensor_types
-from backends.tvm_backend import TvmBackend, build_region_kernel
-from runners.build_pool import BuildPool, Lookahead, available_cpus
-from runners.local import LocalRunner
-from runners.worker import handle
-from search.scopes import CompilationConfig
+from partune.backends import build_cache, registry
+from partune.backends.tvm_backend import TvmBackend, build_region_kernel
+from partune.core.scopes import CompilationConfig
+from partune.core.tensors import static_shape, tensor_types
+from partune.runners.build_pool import BuildPool, Lookahead, available_cpus
+from partune.runners.local import LocalRunner
+from partune.runners.worker import handle
 
 CACHED = ["tvm", "onnxruntime", "openvino"]
 

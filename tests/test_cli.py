@@ -5,8 +5,8 @@ import json
 import pytest
 
 from partune.cli import main
-from search.plan import single_backend_plan
-from search.scopes import CompilationConfig
+from partune.core.plan import single_backend_plan
+from partune.core.scopes import CompilationConfig
 from tests.model_files import write_onnx, write_tvmscript
 
 
@@ -92,13 +92,13 @@ def test_tvm_database_is_handed_to_the_tvm_backend(capsys, tmp_path, monkeypatch
     monkeypatch.delenv("PARTUNE_TVM_DATABASE", raising=False)
     db = tmp_path / "ms"
     db.mkdir()
-    from backends import registry
+    from partune.backends import registry
 
-    registry.register("tvm", "backends.tvm_backend:TvmBackend")  # a fresh instance reads the setting
+    registry.register("tvm", "partune.backends.tvm_backend:TvmBackend")  # a fresh instance reads the setting
     try:
         assert main(["--tvm-database", str(db), "run", str(write_tvmscript(tmp_path / "m.py"))]) == 0
         assert registry.get("tvm").database_dir == str(db)
         assert (db / "database_workload.json").exists()  # MetaSchedule opened it while building
     finally:  # main() set the variable itself; monkeypatch restores the original at teardown
-        registry.register("tvm", "backends.tvm_backend:TvmBackend")
+        registry.register("tvm", "partune.backends.tvm_backend:TvmBackend")
     _fails_cleanly(capsys, ["--tvm-database", str(tmp_path / "nope"), "run", "bert-small"], "not a directory")

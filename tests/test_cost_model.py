@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from cost_models.evaluate import rank_correlation, score
-from cost_models.features import FEATURE_VERSION, NAMES, featurize
-from cost_models.xgboost_model import CostModel
-from search.graph import DataflowGraph
+from partune.core.graph import DataflowGraph
+from partune.cost_models.features import FEATURE_VERSION, NAMES, featurize
+from partune.cost_models.xgboost_model import CostModel
+from partune.search.cost_model_eval import rank_correlation, score
 from tests.graphs import Diamond, Residual
 
 
@@ -63,8 +63,8 @@ def test_saved_model_loads_only_with_its_feature_version(tmp_path):
 
 
 def test_leave_one_model_out_never_trains_on_the_held_out_regions(monkeypatch):
-    from cost_models import evaluate
-    from cost_models.evaluate import Samples, leave_one_model_out
+    from partune.search import cost_model_eval as evaluate
+    from partune.search.cost_model_eval import Samples, leave_one_model_out
 
     sizes = []
     real_fit = evaluate.CostModel.fit
@@ -105,9 +105,9 @@ class _Backwards:
 
 
 def _chain_search(tmp_path, cost_model):
-    from runners.local import LocalRunner
-    from search.store import MeasurementStore
-    from search.tune import tune
+    from partune.runners.local import LocalRunner
+    from partune.search.tune import tune
+    from partune.store.measurements import MeasurementStore
     from tests.graphs import Chain
 
     class M:
@@ -122,30 +122,29 @@ def _chain_search(tmp_path, cost_model):
 
 
 def test_pruning_keeps_a_measured_candidate_in_every_frontier():
-    from search.candidates import enumerate_candidates
-    from search.dp import schedulable
-    from search.scopes import CompilationConfig
-    from search.tune import _features, _prune, candidate_key
+    from partune.core.keys import candidate_key
+    from partune.core.scopes import CompilationConfig
+    from partune.search.candidates import enumerate_candidates
+    from partune.search.dp import schedulable
+    from partune.search.tune import _features, _prune
     from tests.graphs import Chain
 
     g = DataflowGraph.from_function(Chain["main"])
     cands = [c for c in enumerate_candidates(Chain, g, CompilationConfig.for_cpu(["tvm", "onnxruntime"]))
              if schedulable(c)]
-    todo = {candidate_key(g, c): c for c in cands}
+    todo = {candidate_key(g, c.subgraph.nodes, c.scope): c for c in cands}
     predicted, kept = _prune(cands, _features(g, cands), todo, _Backwards())
     assert set(predicted) == set(cands) and 0 < len(kept) < len(todo)
     assert {c.subgraph.nodes[0] for c in todo.values()} == {c.subgraph.nodes[0] for c in kept.values()}
 
 
 def test_a_plan_found_with_predictions_carries_only_measured_costs(tmp_path):
-    from search.candidates import Candidate
-    from search.subgraph import SubGraph
-    from search.tune import candidate_key
+    from partune.core.keys import candidate_key
 
     result, store, graph = _chain_search(tmp_path, _Backwards())
     assert result.skipped > 0  # the model ranked candidates out of measuring
     def measured(r) -> bool:
-        return candidate_key(graph, Candidate(SubGraph.of(graph, r.nodes), r.scope, "")) in store
+        return candidate_key(graph, r.nodes, r.scope) in store
 
     assert all(measured(r) for r in result.dp_plan.regions)  # the DP measured what it picked
     # The emitted plan's costs are measurements (or absent, for a single-backend plan's

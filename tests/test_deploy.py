@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from partune.cli import main
+from partune.core.plan import Plan, Region
+from partune.core.scopes import CompilationConfig
 from partune.export import export
-from search.plan import Plan, Region
-from search.scopes import CompilationConfig
 from tests.conftest import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +30,8 @@ with np.load(sys.argv[1] + "/reference_outputs.npz") as z:
     ref = [z[f"arr_{i}"] for i in range(len(z.files))]
 out = model(*inputs)
 err = max(float(np.abs(o - r).max()) for o, r in zip(out, ref))
-loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("search", "cost_models"))
+loaded = sorted(m for m in sys.modules if m.split(".")[:2] in (["partune", "search"], ["partune", "store"],
+                                                            ["partune", "cost_models"]))
 print(err, loaded)
 """
 

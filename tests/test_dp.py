@@ -4,13 +4,13 @@ import random
 
 import pytest
 
-from runners.timing import Measurement
-from search.candidates import Candidate
-from search.dp import NoCoverError, cheapest_cover, schedulable
-from search.graph import DataflowGraph
-from search.rules import RuleContext, rule_for_style
-from search.scopes import CompilationConfig
-from search.store import MeasurementStore
+from partune.core.graph import DataflowGraph
+from partune.core.scopes import CompilationConfig
+from partune.runners.timing import Measurement
+from partune.search.candidates import Candidate
+from partune.search.dp import NoCoverError, cheapest_cover, schedulable
+from partune.search.rules import RuleContext, rule_for_style
+from partune.store.measurements import MeasurementStore
 from tests.graphs import Attention, Diamond, Residual, TupleGraph
 
 
@@ -78,7 +78,7 @@ def test_store_dedups_and_persists(tmp_path):
 
 
 def test_a_stored_failure_is_retried_once_when_asked(tmp_path):
-    from runners.timing import Measurement
+    from partune.runners.timing import Measurement
 
     url = f"sqlite:///{tmp_path / 'm.db'}"
     MeasurementStore(url, "dev").put("k", Measurement.failed("machine was busy"))

@@ -8,10 +8,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from partune.cli import main
+from partune.core.scopes import CompilationConfig
 from partune.models import load
-from runners.builder import build_plan
-from search.candidates import backend_plan
-from search.scopes import CompilationConfig
+from partune.runners.builder import build_plan
+from partune.search.candidates import backend_plan
 from tests.export_models import TEST_MODELS, write_export
 
 COMPUTED_SHAPES = ("channel_shuffle", "shuffle_unit", "computed_reshape", "head_reshape",

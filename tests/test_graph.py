@@ -3,7 +3,7 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from search.graph import DataflowGraph, OpKind
+from partune.core.graph import DataflowGraph, OpKind
 
 
 @I.ir_module

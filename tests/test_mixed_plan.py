@@ -3,10 +3,10 @@
 import pytest
 
 from partune.bench import max_abs_error
-from runners.builder import build_plan
-from search.candidates import accepted_nodes
-from search.plan import Plan, Region, single_backend_plan
-from search.scopes import CompilationConfig
+from partune.core.plan import Plan, Region, single_backend_plan
+from partune.core.scopes import CompilationConfig
+from partune.runners.builder import build_plan
+from partune.search.candidates import accepted_nodes
 from tests.conftest import load_model
 
 CONFIG = CompilationConfig.for_cpu(["torch", "onnxruntime"])

@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 
+from partune.core.errors import ModelError
+from partune.core.plan import single_backend_plan
+from partune.core.scopes import CompilationConfig
 from partune.models import load
-from runners.builder import build_plan
-from search.errors import ModelError
-from search.plan import single_backend_plan
-from search.scopes import CompilationConfig
+from partune.runners.builder import build_plan
 from tests.model_files import write_onnx, write_pt2, write_tvmscript
 
 
@@ -91,7 +91,7 @@ def test_same_autopad_convs_carry_their_pads(tmp_path):
     graph-level backend takes. The pads must be the conv's own, asymmetric ones included."""
     from onnx import helper
 
-    from search.candidates import accepted_nodes
+    from partune.search.candidates import accepted_nodes
 
     rng = np.random.default_rng(0)
     w1, w2, w3 = (rng.standard_normal(s).astype("float32") for s in [(4, 3, 3, 3), (4, 4, 3, 3), (4, 4, 1, 1)])
@@ -116,7 +116,7 @@ def test_pool_window_over_the_whole_input_is_a_reduction(tmp_path):
     looped over the whole window (0.7 s) and OpenVINO refuses a kernel larger than its input."""
     from onnx import helper
 
-    from search.candidates import accepted_nodes
+    from partune.search.candidates import accepted_nodes
 
     nodes = [helper.make_node("Relu", ["x"], ["r"]),
              helper.make_node("AveragePool", ["r"], ["y"], kernel_shape=[40, 40], strides=[40, 40],

@@ -13,9 +13,9 @@ import tvm
 from tvm import relax
 from tvm.relax import op as O
 
-from backends.base import BackendError, FusionStyle, Level
-from backends.onnxruntime_backend import OnnxRuntimeBackend, make_session, relax_to_onnx
-from search.scopes import SEScope
+from partune.backends.base import BackendError, FusionStyle, Level
+from partune.backends.onnxruntime_backend import OnnxRuntimeBackend, make_session, relax_to_onnx
+from partune.core.scopes import SEScope
 from tests.regions import SMALL_ZOO, first_binding, one_op, run_region, tensor_types, zoo_mains
 
 SCOPE = SEScope("cpu", 0, {"kind": "llvm"}, "global", "onnxruntime")

@@ -12,17 +12,17 @@ import tvm
 from tvm import relax
 from tvm.relax import op as O
 
-import backends.openvino_backend as ovb
-from backends import registry
-from backends.base import BackendError, FusionStyle, Level
-from backends.openvino_backend import OpenVinoBackend, OvRegionKernel
-from backends.tvm_backend import TvmBackend
+import partune.backends.openvino_backend as ovb
+from partune.backends import registry
+from partune.backends.base import BackendError, FusionStyle, Level
+from partune.backends.openvino_backend import OpenVinoBackend, OvRegionKernel
+from partune.backends.tvm_backend import TvmBackend
 from partune.bench import max_abs_error
-from runners.builder import build_plan, region_request
-from runners.worker import handle
-from search.candidates import accepted_nodes, backend_plan
-from search.plan import Plan, Region
-from search.scopes import CompilationConfig, SEScope
+from partune.core.plan import Plan, Region
+from partune.core.scopes import CompilationConfig, SEScope
+from partune.runners.builder import build_plan, region_request
+from partune.runners.worker import handle
+from partune.search.candidates import accepted_nodes, backend_plan
 from tests.regions import first_binding, one_op, run_region
 
 SCOPE = SEScope("cpu", 0, {"kind": "llvm"}, "global", "openvino")

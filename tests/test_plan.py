@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from search.errors import PlanError
-from search.plan import Plan, Region, contiguous_runs, region_order, single_backend_plan
-from search.scopes import CompilationConfig
+from partune.core.errors import PlanError
+from partune.core.plan import Plan, Region, contiguous_runs, region_order, single_backend_plan
+from partune.core.scopes import CompilationConfig
 
 BACKENDS = ("tvm", "torch", "onnxruntime")
 

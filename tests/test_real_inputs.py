@@ -6,14 +6,14 @@ import numpy as np
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from runners.builder import region_request
-from runners.capture import capture_values
-from runners.local import LocalRunner
-from runners.worker import handle
-from search.graph import DataflowGraph
-from search.scopes import CompilationConfig
-from search.store import MeasurementStore
-from search.tune import tune
+from partune.core.graph import DataflowGraph
+from partune.core.scopes import CompilationConfig
+from partune.runners.builder import region_request
+from partune.runners.capture import capture_values
+from partune.runners.local import LocalRunner
+from partune.runners.worker import handle
+from partune.search.tune import tune
+from partune.store.measurements import MeasurementStore
 
 
 @I.ir_module

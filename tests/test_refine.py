@@ -13,11 +13,11 @@ import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
-from runners.timing import Measurement
-from search.graph import DataflowGraph
-from search.plan import Plan, Region
-from search.refine import refine, variant
-from search.scopes import CompilationConfig
+from partune.core.graph import DataflowGraph
+from partune.core.plan import Plan, Region
+from partune.core.scopes import CompilationConfig
+from partune.runners.timing import Measurement
+from partune.search.refine import refine, variant
 from tests.graphs import Diamond
 
 CONFIG = CompilationConfig.for_cpu(["tvm", "onnxruntime"])

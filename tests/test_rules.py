@@ -2,8 +2,9 @@
 
 import pytest
 
-from search.graph import DataflowGraph
-from search.rules import (
+from partune.core.graph import DataflowGraph
+from partune.core.subgraph import SubGraph
+from partune.search.rules import (
     ARBITRARY_COMBINERS,
     TVM_COMBINERS,
     CombineRule,
@@ -15,7 +16,6 @@ from search.rules import (
     UnionRule,
     rule_for_style,
 )
-from search.subgraph import SubGraph
 from tests.graphs import Attention, Diamond, Residual, TupleGraph
 
 
@@ -76,7 +76,7 @@ def test_only_accepted_nodes_are_proposed():
 def test_pattern_and_composite_rules():
     from tvm.relax.dpl import is_op, wildcard
 
-    from search.candidates import _matcher
+    from partune.search.candidates import _matcher
 
     pat = is_op("relax.nn.softmax")(is_op("relax.multiply")(is_op("relax.matmul")(wildcard(), wildcard()), wildcard()))
     ctx = _ctx(Attention, match=_matcher(Attention["main"]))
@@ -102,7 +102,7 @@ def test_unknown_style():
 
 
 def test_interval_rule_proposes_whole_blocks():
-    from search.rules import IntervalRule, cut_points
+    from partune.search.rules import IntervalRule, cut_points
     from tests.graphs import Chain
 
     assert cut_points(DataflowGraph.from_function(Diamond["main"])) == [0]
@@ -115,9 +115,9 @@ def test_interval_rule_proposes_whole_blocks():
 
 
 def test_pins_drop_incompatible_candidates(tmp_path):
+    from partune.core.scopes import CompilationConfig, SEScope
     from partune.models import load
-    from search.candidates import enumerate_candidates
-    from search.scopes import CompilationConfig, SEScope
+    from partune.search.candidates import enumerate_candidates
     from tests.model_files import TVMSCRIPT
 
     hinted = TVMSCRIPT.replace("z = R.nn.relu(y)", "y1 = R.hint_on_device(y, R.device(1, 0))\n            z = R.nn.relu(y1)")

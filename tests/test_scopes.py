@@ -1,6 +1,6 @@
 import pytest
 
-from search.scopes import CompilationConfig, ScopeError, SEScope
+from partune.core.scopes import CompilationConfig, ScopeError, SEScope
 
 CPU = {"kind": "llvm", "num-cores": 1}
 

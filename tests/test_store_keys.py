@@ -6,11 +6,11 @@ code must leave every key byte-identical, or every user's store is silently re-m
 
 import hashlib
 
-from search.candidates import enumerate_candidates
-from search.graph import DataflowGraph
-from search.plan import single_backend_plan
-from search.scopes import CompilationConfig
-from search.tune import candidate_key, plan_key
+from partune.core.graph import DataflowGraph
+from partune.core.keys import candidate_key, plan_key
+from partune.core.plan import single_backend_plan
+from partune.core.scopes import CompilationConfig
+from partune.search.candidates import enumerate_candidates
 from tests.graphs import Attention, Residual
 
 BACKENDS = ["tvm", "torch", "onnxruntime", "openvino"]
@@ -22,7 +22,7 @@ def _keys(mod) -> tuple[list[str], list[str]]:
     cands = enumerate_candidates(mod, graph, config)
     plans = [single_backend_plan("pinned", graph, config, b, set(range(len(graph))))
              for b in BACKENDS]
-    return sorted(candidate_key(graph, c) for c in cands), [plan_key(p) for p in plans]
+    return sorted(candidate_key(graph, c.subgraph.nodes, c.scope) for c in cands), [plan_key(p) for p in plans]
 
 
 def _digest(keys: list[str]) -> str:

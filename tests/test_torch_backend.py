@@ -12,9 +12,9 @@ import tvm
 from tvm import relax
 from tvm.relax import op as O
 
-from backends.base import BackendError, FusionStyle, Level
-from backends.torch_backend import PATTERNS, TorchBackend
-from search.scopes import SEScope
+from partune.backends.base import BackendError, FusionStyle, Level
+from partune.backends.torch_backend import PATTERNS, TorchBackend
+from partune.core.scopes import SEScope
 from tests.regions import SMALL_ZOO, run_region, zoo_mains
 
 SCOPE = SEScope("cpu", 0, {"kind": "llvm"}, "global", "torch")

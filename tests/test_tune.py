@@ -15,14 +15,14 @@ from pathlib import Path
 import optuna
 import pytest
 
-from backends import registry
+from partune.backends import registry
 from partune.cli import main
-from runners.build_pool import split_cores
-from runners.builder import region_request
-from runners.local import LocalRunner
-from search.graph import DataflowGraph
-from search.scopes import CompilationConfig
-from search.store import STUDY_PREFIX
+from partune.core.graph import DataflowGraph
+from partune.core.scopes import CompilationConfig
+from partune.runners.build_pool import split_cores
+from partune.runners.builder import region_request
+from partune.runners.local import LocalRunner
+from partune.store.measurements import STUDY_PREFIX
 from tests.graphs import Chain
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,8 +130,8 @@ def _free_port() -> int:
 
 
 def test_rpc_runner_against_loopback_tracker_and_server():
-    from runners.rpc import RPCRunner
-    from search.errors import PartuneError
+    from partune.core.errors import PartuneError
+    from partune.runners.rpc import RPCRunner
 
     port = _free_port()
     env = dict(os.environ, PYTHONWARNINGS="ignore")
@@ -174,10 +174,10 @@ def test_unreachable_tracker_is_a_clear_error(capsys, chain_file):
 
 def test_tvm_region_builds_with_a_tuning_database(tmp_path, monkeypatch):
     """With a database, TVM's tuning pipeline runs first; the region's main must survive it."""
-    from runners.worker import handle
+    from partune.runners.worker import handle
 
     monkeypatch.setenv("PARTUNE_TVM_DATABASE", str(tmp_path))
-    registry.register("tvm", "backends.tvm_backend:TvmBackend")
+    registry.register("tvm", "partune.backends.tvm_backend:TvmBackend")
     try:
         g = DataflowGraph.from_function(Chain["main"])
         req = region_request(Chain, g, (0, 1, 2), CompilationConfig.for_cpu(["tvm"]).scope_for("tvm"))
@@ -185,7 +185,7 @@ def test_tvm_region_builds_with_a_tuning_database(tmp_path, monkeypatch):
         assert reply["measurement"]["error"] is None, reply
         assert registry.get("tvm").database_dir == str(tmp_path)
     finally:  # monkeypatch unsets the variable at teardown; the next instance reads no database
-        registry.register("tvm", "backends.tvm_backend:TvmBackend")
+        registry.register("tvm", "partune.backends.tvm_backend:TvmBackend")
 
 
 def test_finalists_meet_onnxruntime_on_the_users_file(tmp_path, capsys):
@@ -234,7 +234,7 @@ def test_refinement_runs_in_the_same_storage_and_never_loses_to_the_dp_plan(tmp_
 
 def test_two_workers_and_the_memory_objective_from_the_command_line(tmp_path, capsys):
     """--workers 2 shares one search (no measurement taken twice); NSGA-II reports a front."""
-    from search.store import STUDY_PREFIX
+    from partune.store.measurements import STUDY_PREFIX
     from tests.model_files import write_onnx
 
     model = write_onnx(tmp_path / "tiny.onnx")

@@ -19,11 +19,11 @@ import pytest
 import tvm
 from tvm import relax
 
-from backends import registry
-from backends.base import BackendError, Level
-from backends.tvm_backend import TvmBackend, region_module
-from backends.tvm_tuned_backend import ENV, TunedTvmBackend
-from backends.tvm_tuning import (
+from partune.backends import registry
+from partune.backends.base import BackendError, Level
+from partune.backends.tvm_backend import TvmBackend, region_module
+from partune.backends.tvm_tuned_backend import ENV, TunedTvmBackend
+from partune.backends.tvm_tuning import (
     RECORD_FILE,
     STATE_FILE,
     TuningError,
@@ -32,8 +32,8 @@ from backends.tvm_tuning import (
     target_json,
     tune_region,
 )
-from runners.timing import Protocol, time_callable
-from search.scopes import SEScope, cpu_target
+from partune.core.scopes import SEScope, cpu_target
+from partune.runners.timing import Protocol, time_callable
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 256
@@ -130,14 +130,14 @@ def test_second_call_reuses_the_task(tuned):
 def test_tuned_regions_stay_inline_and_main_gets_the_tuned_schedules(tuned, monkeypatch):
     """No offload (a VM hand-off per region would cost more than tuning wins on glue):
     the regions stay in main, which the tuned backend builds with the database."""
-    from runners.builder import build_plan, main_compiler
-    from search.candidates import backend_plan
-    from search.graph import DataflowGraph
-    from search.scopes import CompilationConfig
+    from partune.core.graph import DataflowGraph
+    from partune.core.scopes import CompilationConfig
+    from partune.runners.builder import build_plan, main_compiler
+    from partune.search.candidates import backend_plan
 
     database, _ = tuned
     monkeypatch.setenv(ENV, str(database))
-    registry.register("tvm-tuned", "backends.tvm_tuned_backend:TunedTvmBackend")  # reads ENV
+    registry.register("tvm-tuned", "partune.backends.tvm_tuned_backend:TunedTvmBackend")  # reads ENV
     try:
         func = matmul_relu("main")
         mod = region_module(func)
@@ -154,7 +154,7 @@ def test_tuned_regions_stay_inline_and_main_gets_the_tuned_schedules(tuned, monk
         fast_ms = time_callable(built.prepare([x])).cost_s
         assert fast_ms < time_callable(slow.prepare([x])).cost_s / 4
     finally:
-        registry.register("tvm-tuned", "backends.tvm_tuned_backend:TunedTvmBackend")
+        registry.register("tvm-tuned", "partune.backends.tvm_tuned_backend:TunedTvmBackend")
 
 
 def test_resumes_after_sigkill(tmp_path):
@@ -162,7 +162,7 @@ def test_resumes_after_sigkill(tmp_path):
     module = tmp_path / "region.json"
     module.write_text(tvm.ir.save_json(region_module(matmul_relu())))
     database = tmp_path / "db"
-    cmd = [sys.executable, "-m", "backends.tvm_tuning", "--module", str(module),
+    cmd = [sys.executable, "-m", "partune.backends.tvm_tuning", "--module", str(module),
            "--target", json.dumps(target_json(TARGET)), "--database", str(database),
            "--trials", "16", "--trials-per-iter", "4"]
     # Its own session: the kill takes MetaSchedule's builder and runner processes too.

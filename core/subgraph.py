@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from search.graph import DataflowGraph, OpKind
+from partune.core.graph import DataflowGraph, OpKind
 
 
 def bits(mask: int) -> list[int]:

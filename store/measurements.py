@@ -9,11 +9,8 @@ on the same device and storage, finds it there. SQLite by default; any Optuna RD
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import platform
 import time
 import warnings
 from collections.abc import Callable
@@ -22,27 +19,13 @@ from dataclasses import dataclass
 import optuna
 import sqlalchemy
 
-from runners.timing import Measurement
-from search.claims import Claims
-from search.errors import PartuneError
+from partune.core.errors import PartuneError
+from partune.runners.timing import Measurement
+from partune.store.claims import Claims
 
 STUDY_PREFIX = "partune-measurements/"
 OPEN_ATTEMPTS = 3  # a new database: workers starting together race to create its tables
 POLL_S = 2.0  # how often a worker waiting on another worker's measurement looks again
-
-
-def device_fingerprint(threads: int) -> str:
-    """What decides whether a measurement still holds: CPU, thread count, library versions."""
-    from search.plan import tool_versions
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    doc = {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "versions": tool_versions()}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,6 @@ it is the one place that knows how Relax bindings map to nodes. Nodes are in pos
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import dataclass
 from enum import IntEnum
@@ -17,7 +15,8 @@ from functools import cached_property
 import tvm
 from tvm import relax
 
-from backends.base import tensor_types
+from partune.core.keys import GRAPH_DIGITS, digest
+from partune.core.tensors import tensor_types
 
 
 class OpKind(IntEnum):
@@ -217,7 +216,7 @@ class DataflowGraph:
         """Stable across processes: ops, attributes, shapes, dtypes and edges."""
         doc = [self.param_names, self.outputs,
                [(n.op, n.attrs, n.inputs, n.shapes, n.dtypes) for n in self.nodes]]
-        return hashlib.sha256(json.dumps(doc, default=str).encode()).hexdigest()[:16]
+        return digest(doc, GRAPH_DIGITS)
 
     @classmethod
     def from_function(cls, func: relax.Function) -> DataflowGraph:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from search.graph import DataflowGraph
-from search.subgraph import SubGraph
+from partune.core.graph import DataflowGraph
+from partune.core.subgraph import SubGraph
 
 
 def region_features(graph: DataflowGraph, nodes: Iterable[int]) -> np.ndarray:

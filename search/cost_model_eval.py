@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cost_models.features import featurize
-from cost_models.xgboost_model import CostModel
+from partune.cost_models.features import featurize
+from partune.cost_models.xgboost_model import CostModel
 
 
 @dataclass
@@ -42,16 +42,16 @@ class Score:
 
 def samples_for(model, store, backends: list[str], threads: int = 1) -> Samples:
     """Every candidate of ``model`` whose measurement is in ``store`` (failed ones excluded)."""
-    from search.candidates import enumerate_candidates
-    from search.dp import schedulable
-    from search.scopes import CompilationConfig
-    from search.tune import candidate_key
+    from partune.core.keys import candidate_key
+    from partune.core.scopes import CompilationConfig
+    from partune.search.candidates import enumerate_candidates
+    from partune.search.dp import schedulable
 
     config = CompilationConfig.for_cpu(backends, threads)
     rows, costs, fronts, keys = [], [], [], []
     seen = set()
     for c in enumerate_candidates(model.mod, model.graph, config):
-        key = candidate_key(model.graph, c)
+        key = candidate_key(model.graph, c.subgraph.nodes, c.scope)
         m = store.get(key)
         if not schedulable(c) or m is None or not m.ok or (key, c.subgraph.nodes[0]) in seen:
             continue

@@ -7,14 +7,14 @@ being written, read back, and checked against the model it is applied to.
 from __future__ import annotations
 
 import json
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from search.errors import PlanError
-from search.graph import DataflowGraph
-from search.scopes import CompilationConfig, ScopeError, SEScope
+from partune.core.errors import PlanError
+from partune.core.graph import DataflowGraph
+from partune.core.scopes import CompilationConfig, ScopeError, SEScope
+from partune.core.versions import tool_versions
 
 FORMAT = "partune-plan/1"
 
@@ -64,19 +64,6 @@ class ModelFile:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelFile:
         return cls(str(data["library"]), str(data["origin"]), data.get("sha256"))
-
-
-def tool_versions() -> dict[str, str]:
-    """Versions that decide whether a plan's costs still hold."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for pkg in ("partune", "apache-tvm", "torch", "onnxruntime", "openvino"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
 
 
 @dataclass(frozen=True)

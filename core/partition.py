@@ -19,8 +19,8 @@ from collections.abc import Callable
 import tvm
 from tvm import relax
 
-from search.graph import DataflowGraph, main_bindings
-from search.plan import Plan, Region, region_order
+from partune.core.graph import DataflowGraph, main_bindings
+from partune.core.plan import Plan, Region, region_order
 
 SCOPE_ATTR = "partune.scope"
 
