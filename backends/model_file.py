@@ -66,10 +66,10 @@ def _first_line(e: BaseException) -> str:
 def _onnxruntime(data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFileRun:
     import onnxruntime as ort
 
-    from partune.backends.onnxruntime_backend import _session_options
+    from partune.backends.onnxruntime_backend import session_options
 
     # The backend's options, but ORT's optimisers all on: what a user's session does.
-    opts = _session_options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    opts = session_options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     try:
         sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - ORT raises several kinds

@@ -37,16 +37,15 @@ from tvm import relax
 from partune.backends import build_cache
 from partune.backends.base import BackendError
 from partune.backends.kernel import BoundKernel, Spec
-from partune.backends.onnxruntime_backend import (
-    MIN_OPSET,
+from partune.backends.onnx_graph_backend import (
     OnnxGraphBackend,
     _binding_key,
-    binding_accepted,
     load_specs,
     probe_once,
-    relax_to_onnx,
     save_specs,
 )
+from partune.backends.onnxruntime_backend import binding_accepted
+from partune.backends.relax_to_onnx import MIN_OPSET, relax_to_onnx
 from partune.core.tensors import static_shape, tensor_types
 
 if TYPE_CHECKING:

@@ -54,7 +54,8 @@ class TunedTvmBackend(Backend):
         """Build a whole partitioned module with the tuned schedules applied to its TVM code
         (every inline region: a workload tuned for one region serves all that share it)."""
         from partune.backends.tvm_backend import compile_module
-        from partune.backends.tvm_tuning import database_path, open_snapshot, tuning_target
+        from partune.backends.tvm_tuning import tuning_target
+        from partune.backends.tvm_tuning_database import database_path, open_snapshot
 
         if not self.database_dir:
             raise BackendError(f"{self.name} needs a tuning database: set {ENV} to its directory")
@@ -68,7 +69,8 @@ class TunedTvmBackend(Backend):
 
     def tune_region(self, func: relax.Function, scope: SEScope, trials: int, timeout_s: float) -> dict:
         """MetaSchedule on the region's tasks, in a child process (a crash costs the region)."""
-        from partune.backends.tvm_tuning import TuningError, tune_region
+        from partune.backends.tvm_tuning import tune_region
+        from partune.backends.tvm_tuning_database import TuningError
 
         if not self.database_dir:
             raise BackendError(f"{self.name} needs a tuning database: set {ENV} to its directory")
@@ -80,7 +82,8 @@ class TunedTvmBackend(Backend):
 
     def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> RegionKernel:
         """Build the region as its own module, applying the tuned schedules for its target."""
-        from partune.backends.tvm_tuning import database_path, open_snapshot, tuning_target
+        from partune.backends.tvm_tuning import tuning_target
+        from partune.backends.tvm_tuning_database import database_path, open_snapshot
 
         if not self.database_dir:
             raise BackendError(f"{self.name} needs a tuning database: set {ENV} to its directory")

@@ -86,7 +86,7 @@ def model_onnx(model) -> bytes:
         return model.onnx_bytes
     if model.torch_module is not None:
         return onnx_export(model.torch_module, model.inputs)
-    from partune.backends.onnxruntime_backend import relax_to_onnx
+    from partune.backends.relax_to_onnx import relax_to_onnx
 
     return relax_to_onnx(model.mod["main"]).SerializeToString()
 

@@ -13,7 +13,8 @@ from tvm import relax
 from tvm.relax import op as O
 
 from partune.backends.base import BackendError, FusionStyle, Level
-from partune.backends.torch_backend import PATTERNS, TorchBackend
+from partune.backends.torch_backend import TorchBackend
+from partune.backends.torch_patterns import PATTERNS
 from partune.core.scopes import SEScope
 from tests.regions import SMALL_ZOO, run_region, zoo_mains
 

@@ -23,14 +23,13 @@ from partune.backends import registry
 from partune.backends.base import BackendError, Level
 from partune.backends.tvm_backend import TvmBackend, region_module
 from partune.backends.tvm_tuned_backend import ENV, TunedTvmBackend
-from partune.backends.tvm_tuning import (
+from partune.backends.tvm_tuning import budget_shares, tune_region
+from partune.backends.tvm_tuning_database import (
     RECORD_FILE,
     STATE_FILE,
     TuningError,
-    budget_shares,
     database_path,
     target_json,
-    tune_region,
 )
 from partune.core.scopes import SEScope, cpu_target
 from partune.runners.timing import Protocol, time_callable
