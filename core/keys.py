@@ -58,3 +58,9 @@ def plan_key(plan: Plan) -> str:
 def verdict_key(graph_fingerprint: str, plan_keys: list[str], peers: list[str]) -> str:
     """The prefix of one verdict's measurements (one per contender label follows it)."""
     return "verdict:" + digest([graph_fingerprint, sorted(plan_keys), sorted(peers)], KEY_DIGITS) + ":"
+
+
+def calibration_keys(scope: SEScope) -> tuple[str, str]:
+    """The keys of a scope's calibration: its isolated call, and its call inside a model."""
+    tag = json.dumps(scope.to_json(), sort_keys=True)
+    return "overhead:" + tag, "transition:" + tag

@@ -81,7 +81,7 @@ def measure(model, cands: dict, values, args) -> dict:
     from partune.runners.builder import region_request
     from partune.runners.local import LocalRunner
     from partune.runners.timing import Measurement
-    from partune.search.tune import CANDIDATE_PROTOCOL
+    from partune.search.session import CANDIDATE_PROTOCOL
     from partune.store.measurements import MeasurementStore
 
     arms = ARMS[:2] if args.no_control else ARMS

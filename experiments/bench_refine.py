@@ -57,7 +57,7 @@ def bench_one(spec: str, args) -> dict:
         request = compare_request(tvm.ir.save_json(model.mod), plans, specs, model.inputs, ROUNDS)
         verdict = runner.compare(request, timeout_s=900.0)
     row = {"model": spec, "search_s": search_s, "dp_label": result.dp_label, "best_single": best_single,
-           "refined": "refined" in plans, "trials": args.n_trials, "measured": result.measured,
+           "refined": "refined" in plans, "trials": args.n_trials, "measured": result.counts.measured,
            "median_ms": {k: m.median_s * 1e3 for k, m in verdict.items() if m.ok},
            "peer": peer_label("onnxruntime", model), "emitted": result.plan.notes.get("chosen_as"),
            "front": [{"ms": m.cost_s * 1e3, "mib": (m.peak_bytes or 0) / 2**20, "backends": list(p.backends)}

@@ -88,14 +88,14 @@ def test_a_tuned_region_wins_the_dp_and_a_rerun_tunes_nothing(tmp_path, monkeypa
     with LocalRunner(timeout_s=300) as runner:
         first = tune(model, ["tvm", "tvm-tuned"], runner, store, peers=(), tune_budget_s=240, tune_trials=16)
         again = tune(model, ["tvm", "tvm-tuned"], runner, store, peers=(), tune_budget_s=240, tune_trials=16)
-    assert first.tuned_regions >= 1 and first.tuning_trials > 0
+    assert first.tuning.regions >= 1 and first.tuning.trials > 0
     assert "tvm-tuned" in first.dp_plan.backends  # it measured faster than untuned TVM
     # A tuned region keeps its borders in the whole-model build (partune.core.partition), so the
     # DP plan runs the workloads that were tuned: end to end it beats untuned TVM.
     assert first.end_to_end[first.dp_label].cost_s < first.end_to_end["tvm-only"].cost_s
-    judged = {label: m.median_s for label, m in first.verdict.items() if m.ok}
+    judged = {label: m.median_s for label, m in first.verdict.measurements.items() if m.ok}
     assert first.plan.notes["chosen_as"] == min(judged, key=judged.get)
-    assert again.tuning_trials == 0 and again.measured == 0  # records and measurements reused
+    assert again.tuning.trials == 0 and again.counts.measured == 0  # records and measurements reused
     assert "tvm-tuned" in again.plan.backends
 
 

@@ -126,7 +126,8 @@ def test_pruning_keeps_a_measured_candidate_in_every_frontier():
     from partune.core.scopes import CompilationConfig
     from partune.search.candidates import enumerate_candidates
     from partune.search.dp import schedulable
-    from partune.search.tune import _features, _prune
+    from partune.search.pruning import features as _features
+    from partune.search.pruning import prune as _prune
     from tests.graphs import Chain
 
     g = DataflowGraph.from_function(Chain["main"])
@@ -142,7 +143,7 @@ def test_a_plan_found_with_predictions_carries_only_measured_costs(tmp_path):
     from partune.core.keys import candidate_key
 
     result, store, graph = _chain_search(tmp_path, _Backwards())
-    assert result.skipped > 0  # the model ranked candidates out of measuring
+    assert result.counts.skipped > 0  # the model ranked candidates out of measuring
     def measured(r) -> bool:
         return candidate_key(graph, r.nodes, r.scope) in store
 
@@ -161,4 +162,4 @@ def test_the_search_learns_from_its_own_measurements(tmp_path):
     start = CostModel().fit(x, np.full(len(x), 1e-3))  # knows nothing useful yet
     result, store, _ = _chain_search(tmp_path, start)
     assert result.cost_model is not None and result.cost_model.trained_on > len(x)
-    assert result.skipped > 0 or result.measured > 0
+    assert result.counts.skipped > 0 or result.counts.measured > 0

@@ -66,7 +66,7 @@ def test_search_over_an_embedding_gather_has_no_failed_candidate(tmp_path):
     with LocalRunner(timeout_s=120) as runner:
         result = tune(_Model(), ["tvm", "torch", "onnxruntime"], runner, store, peers=())
     assert result.inputs_from == "model"
-    assert result.measured > 10 and result.failed == 0
+    assert result.counts.measured > 10 and result.counts.failed == 0
 
 
 def test_tvm_alone_captures_the_values_when_no_library_is_offered():

@@ -1,0 +1,1 @@
+"""The ``partune`` subcommands, one module a group; ``partune.cli`` holds the parser and ``main``."""

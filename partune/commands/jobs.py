@@ -1,0 +1,176 @@
+"""Subcommands about jobs and the machine: export, status, report, cost-model evaluation, RPC server, lists."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from partune.commands.common import format_duration, is_zoo, job_attrs, load_model, study_summaries
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """A deploy directory from a plan file, or from the best plan a tuning study stored."""
+    from partune.core.errors import PartuneError
+    from partune.core.plan import Plan
+    from partune.export import export
+
+    spec, shapes = args.model, args.input_shape
+    if args.plan:
+        if not spec:
+            raise PartuneError("export --plan needs the MODEL the plan was made for")
+        plan = Plan.load(args.plan)
+    else:
+        if not args.study:
+            raise PartuneError("export needs --plan FILE, or --study NAME (and --storage) of a tuning job")
+        attrs = job_attrs(args.storage, args.study)
+        plan = Plan.from_json(attrs["best_plan"])
+        spec = spec or attrs.get("model")
+        shapes = shapes or attrs.get("input_shape")
+    args.model, args.input_shape = spec, shapes
+    model = load_model(args)
+    if plan.fingerprint != model.graph.fingerprint:
+        raise PartuneError(f"the plan was made for another model (fingerprint {plan.fingerprint}, "
+                           f"{model.name} is {model.graph.fingerprint})")
+    try:
+        out = export(model, plan, args.output, args.threads)
+    except FileExistsError as e:
+        raise PartuneError(str(e)) from None
+    print(f"exported {model.name} under its plan ({', '.join(plan.backends)}) to {out}/")
+    print(f"run it:  partune run {out}    or in Python: partune.deployed.load('{out}')(*inputs)")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Every tuning job in a storage: progress, time left, emitted plan and its standing."""
+    import time
+
+    from partune.store.measurements import STUDY_PREFIX
+
+    summaries = study_summaries(args.storage)
+    stores = [s for s in summaries if s.study_name.startswith(STUDY_PREFIX)]
+    trials = {s.study_name: s.n_trials for s in summaries}
+    jobs = [s for s in summaries if "best_plan" in s.user_attrs or "started" in s.user_attrs]
+    print(f"{args.storage}: {sum(s.n_trials for s in stores)} measurements on {len(stores)} device(s), "
+          f"{len(jobs)} tuning job(s)")
+    if not jobs:
+        return 0
+    print(f"| {'study':<40} | {'state':<16} | {'refined':>7} | {'emitted plan':<22} | {'backends':<24} | "
+          f"{'ms':>8} | {'x best peer':>11} |")
+    print("|" + "|".join("-" * w for w in (42, 18, 9, 24, 26, 10, 13)) + "|")
+    now = time.time()
+    for s in sorted(jobs, key=lambda s: s.datetime_start or 0):
+        attrs = s.user_attrs
+        if attrs.get("finished") or "started" not in attrs:
+            state = "done"
+        elif (attrs.get("stopped") or 0) > attrs["started"]:
+            state = "stopped (resumable)"
+        elif attrs.get("deadline"):
+            left = attrs["deadline"] - now
+            state = f"running, {format_duration(left)} left" if left > 0 else "running, overtime"
+        else:
+            state = f"running {format_duration(now - attrs['started'])}"
+        refined = (f"{trials.get(attrs['refine_study'], 0)}/{attrs.get('n_trials', '?')}"
+                   if attrs.get("refine_study") else "-")
+        plan = attrs.get("best_plan")
+        if plan is None:
+            print(f"| {s.study_name[:40]:<40} | {state[:16]:<16} | {refined:>7} | {'(none yet)':<22} | "
+                  f"{'-':<24} | {'-':>8} | {'-':>11} |")
+            continue
+        notes = plan.get("notes", {})
+        backends = "+".join(sorted({r["scope"]["backend"] for r in plan["regions"]}))
+        ms = notes.get("verdict_median_s", {}).get(notes.get("chosen_as"), notes.get("measured_s", float("nan")))
+        x = notes.get("speedup_vs_best_peer")
+        print(f"| {s.study_name[:40]:<40} | {state[:16]:<16} | {refined:>7} | "
+              f"{str(notes.get('chosen_as', '?'))[:22]:<22} | {backends[:24]:<24} | "
+              f"{ms * 1e3:8.3f} | {(f'{x:.2f}x' if x else '-'):>11} |")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Markdown and PNG plots for one tuning job."""
+    from partune.core.errors import PartuneError
+    from partune.core.plan import Plan
+    from partune.report import write_report
+
+    attrs = job_attrs(args.storage, args.study)
+    model = None
+    if attrs.get("model"):
+        args.model, args.input_shape = attrs["model"], attrs.get("input_shape")
+        try:
+            model = load_model(args)
+        except PartuneError as e:  # the report still has its tables and plots without the graph
+            print(f"partune: note: no graph picture ({e})", file=sys.stderr)
+    path = write_report(args.storage, args.study, Plan.from_json(attrs["best_plan"]), Path(args.output), model,
+                        attrs.get("refine_study"))
+    print(f"report written to {path} (with {', '.join(sorted(p.name for p in path.parent.glob('*.png')))})")
+    return 0
+
+
+def cmd_costmodel_eval(args: argparse.Namespace) -> int:
+    """Leave-one-model-out: how well the cost model ranks each DP frontier's candidates."""
+    from partune.core.errors import PartuneError
+    from partune.cost_models.xgboost_model import CostModel
+    from partune.models import load
+    from partune.search.cost_model_eval import Samples, leave_one_model_out, samples_for
+    from partune.store.measurements import STUDY_PREFIX, MeasurementStore
+
+    stores = [s for s in study_summaries(args.storage) if s.study_name.startswith(STUDY_PREFIX)]
+    if not stores:
+        raise PartuneError(f"{args.storage} holds no measurements (run `partune tune` first)")
+    device = args.device or max(stores, key=lambda s: s.n_trials).study_name[len(STUDY_PREFIX):]
+    store = MeasurementStore(args.storage, device)
+    labels = {t.user_attrs.get("label", "").split(" ")[0] for t in store.study.get_trials(deepcopy=False)}
+    specs = args.models.split(",") if args.models else sorted(n for n in labels if is_zoo(n))
+    backends = [b.strip() for b in args.backends.split(",")]
+    data: list[Samples] = []
+    for spec in specs:
+        s = samples_for(load(spec), store, backends, args.threads)
+        print(f"{spec}: {len(s.seconds)} measured candidates", file=sys.stderr)
+        if len(s.seconds):
+            data.append(s)
+    if len(data) < 2:
+        raise PartuneError("leave-one-model-out needs measurements of at least two models "
+                           f"(found {len(data)}; name them with --models)")
+    scores = leave_one_model_out(data)
+    print(f"device {device}; {sum(len(s.seconds) for s in data)} measurements of {len(data)} models; "
+          "each model held out, the XGBoost model trained on the others")
+    print(f"| {'held-out model':<22} | {'candidates':>10} | {'frontiers':>9} | {'Spearman':>8} | {'top-1':>6} | {'top-3':>6} |")
+    print("|" + "|".join("-" * w for w in (24, 12, 11, 10, 8, 8)) + "|")
+    for sc in scores:
+        print(f"| {sc.model:<22} | {sc.samples:>10} | {sc.frontiers:>9} | {sc.spearman:8.3f} | "
+              f"{sc.top1:6.1%} | {sc.top3:6.1%} |")
+    rho, top1, top3 = (sum(getattr(s, f) for s in scores) / len(scores) for f in ("spearman", "top1", "top3"))
+    print(f"| {'mean':<22} | {'':>10} | {'':>9} | {rho:8.3f} | {top1:6.1%} | {top3:6.1%} |")
+    if args.save:
+        import numpy as np
+
+        model = CostModel().fit(np.concatenate([s.x for s in data]), np.concatenate([s.seconds for s in data]))
+        model.save(args.save)
+        print(f"cost model trained on all {model.trained_on} measurements saved to {args.save}")
+    return 0
+
+
+def cmd_rpc_server(args: argparse.Namespace) -> int:
+    from partune.runners.rpc import serve
+
+    serve(args.tracker, args.key, host=args.host, port=args.port, port_end=args.port_end)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from partune.zoo import ZOO
+
+    for name in sorted(ZOO):
+        print(f"{name:<22} {ZOO[name].family:<12} {ZOO[name].description}")
+    return 0
+
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    from partune.backends import registry
+
+    for name in registry.names():
+        b = registry.get(name)
+        print(f"{name:<12} level={b.level.value:<9} fusion={b.fusion_style.value:<9} "
+              f"devices={','.join(b.device_types)}")
+    return 0

@@ -1,0 +1,291 @@
+"""``partune tune``: a tuning job, its helper workers, its build pool, its progress bars and its outputs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+
+from partune.commands.common import (
+    beside_store,
+    load_model,
+    make_runner,
+    parse_duration,
+    parse_pins,
+    previous_plan,
+)
+from partune.commands.summary import summarise
+
+DEFAULT_TUNE_BUDGET_S = 600.0  # when tvm-tuned is named without --tune-budget
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """A tuning job: read what to search, run the search (with helpers and a build pool), write the plan."""
+    import time
+
+    from partune.search.tune import Progress, tune
+
+    job = _prepare(args)
+    helpers = _start_workers(args) if args.workers > 1 else []
+    bars = _Bars() if not args.worker else None
+    pool, measure_cpus = _build_pool(args, job.measure_timeout)
+    runner = make_runner(args.runner, job.measure_timeout, args.threads, measure_cpus)
+    try:
+        result = tune(job.model, job.backends, runner, job.store, threads=args.threads, pins=job.pins,
+                      deadline=job.deadline, progress=Progress(bars.start_phase, bars.advance) if bars else None,
+                      peers=job.peers, refine_trials=args.refine_trials, previous=job.previous,
+                      cost_model=job.cost_model, memory=args.objective == "latency+memory",
+                      worker_only=args.worker, tune_budget_s=job.tune_budget, tune_trials=args.tune_trials,
+                      build_pool=pool)
+    except KeyboardInterrupt:
+        if not args.worker:
+            job.study.set_user_attr("stopped", time.time())
+        raise
+    finally:
+        if bars:
+            bars.close()
+        runner.close()
+        notes = _join_workers(helpers)
+        if pool is not None:
+            pool.close()
+            shutil.rmtree(pool.cache_dir, ignore_errors=True)
+            if pool.stats["queued"]:
+                notes.append(pool.summary())
+    return _finish(args, job, result, notes)
+
+
+@dataclass
+class _Job:
+    """What the command line asked a tuning job to search, read and checked."""
+
+    model: object
+    backends: list[str]
+    tune_budget: float
+    deadline: float | None
+    pins: dict
+    measure_timeout: float
+    store: object
+    study: object
+    peers: tuple[str, ...]
+    previous: object
+    cost_model: object
+
+
+def _prepare(args: argparse.Namespace) -> _Job:
+    """Backends, budgets, pins, the store and the study: every bad input refused before any work."""
+    import time
+
+    import optuna
+
+    from partune.backends import registry
+    from partune.core.errors import PartuneError
+    from partune.core.versions import device_fingerprint
+    from partune.runners.peers import PEER_LABELS
+    from partune.store.measurements import MeasurementStore
+
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    tune_budget = parse_duration(args.tune_budget) if args.tune_budget else 0.0
+    if tune_budget > 0:
+        backends += [n for n in registry.names() if registry.get(n).autotuned and n not in backends]
+    for b in backends:
+        registry.get(b)
+    if any(registry.get(b).autotuned for b in backends):
+        tune_budget = tune_budget or DEFAULT_TUNE_BUDGET_S
+        # Beside the store: tuning records serve every later run and model, like measurements.
+        os.environ.setdefault("PARTUNE_TUNING_DATABASE", os.path.abspath(beside_store(args.storage, ".tuning")))
+    deadline = time.monotonic() + parse_duration(args.timeout) if args.timeout else None
+    model = load_model(args)
+    pins = dict(model.pins)
+    for node, scope in parse_pins(args.pin, model).items():
+        joined = pins[node].join(scope) if node in pins else scope
+        if joined is None:
+            raise PartuneError(f"--pin puts node {node} on {scope}, the model pins it to {pins[node]}")
+        pins[node] = joined
+    if args.workers < 1 or args.heartbeat < 1:
+        raise PartuneError("--workers and --heartbeat must be at least 1")
+    measure_timeout = parse_duration(args.measure_timeout)
+    store = MeasurementStore(args.storage, device_fingerprint(args.threads),
+                             claim_ttl_s=max(1800.0, 3 * measure_timeout), heartbeat_s=args.heartbeat,
+                             retry_failed=args.retry_failed)
+    study_name = args.study or f"{model.name}:{','.join(backends)}"
+    peers = tuple(p for p in args.peers.split(",") if p and p != "none")
+    if unknown := [p for p in peers if p not in PEER_LABELS]:
+        raise PartuneError(f"unknown peer(s) {', '.join(unknown)}: use {', '.join(PEER_LABELS)} or none")
+    study = optuna.create_study(study_name=study_name, storage=store.storage, load_if_exists=True)
+    if not args.worker:
+        _job_started(study, args)
+    if args.cost_model == "auto":
+        args.cost_model = beside_store(args.storage, ".costmodel.json")
+    return _Job(model, backends, tune_budget, deadline, pins, measure_timeout, store, study, peers,
+                previous_plan(store.storage, study_name), _load_cost_model(args.cost_model))
+
+
+def _finish(args: argparse.Namespace, job: _Job, result, notes: list[str]) -> int:
+    """The plan written, the study told, the summary printed (a helper worker prints one line)."""
+    import time
+
+    counts = result.counts
+    if args.worker:
+        print(f"worker {os.getpid()}: measured {counts.measured} ({counts.failed} failed), reused {counts.reused}")
+        return 0
+    result.plan.save(args.output)
+    fronts = _save_front(result, args.output)
+    study = job.study
+    study.set_user_attr("best_plan", result.plan.to_json())
+    study.set_user_attr("finished", time.time())
+    if result.refine_study:
+        study.set_user_attr("refine_study", result.refine_study)
+    print(summarise(result, job.model))
+    for line in notes + fronts:
+        print(line)
+    if args.cost_model:
+        print(_update_cost_model(args.cost_model, job.cost_model, result, job.model))
+    print(f"plan written to {args.output}; study '{study.study_name}' in {args.storage}")
+    print(f"deploy it: partune export --study '{study.study_name}' --storage {args.storage} -o DIR")
+    return 0
+
+
+def _build_pool(args: argparse.Namespace, timeout_s: float):
+    """(a build pool, the measuring worker's cores), or (None, None) where none pays.
+
+    A pool builds candidates on the cores the timings do not use (``partune.runners.build_pool``).
+    It needs a local runner and a core to spare, and is left out when several workers share
+    the search (they already keep every core busy).
+    """
+    import tempfile
+
+    from partune.runners.build_pool import BuildPool, split_cores, unpin_search_process
+
+    if args.build_pool == "off" or args.runner != "local" or args.workers > 1 or args.worker:
+        return None, None
+    measure_cpus, build_cpus = split_cores(args.threads)
+    if not build_cpus:
+        return None, None
+    unpin_search_process()
+    cache = tempfile.mkdtemp(prefix="partune-builds-")
+    return BuildPool(cache, workers=1, threads=args.threads, cpus=build_cpus, timeout_s=timeout_s), measure_cpus
+
+
+def _job_started(study, args: argparse.Namespace) -> None:
+    """What `partune status` shows of a running job: its model, budget and deadline."""
+    import time
+
+    study.set_user_attr("model", os.path.abspath(args.model) if os.path.exists(args.model) else args.model)
+    if args.input_shape:
+        study.set_user_attr("input_shape", args.input_shape)
+    study.set_user_attr("started", time.time())
+    study.set_user_attr("n_trials", args.refine_trials)
+    study.set_user_attr("objective", args.objective)
+    study.set_user_attr("deadline", time.time() + parse_duration(args.timeout) if args.timeout else None)
+    study.set_user_attr("finished", None)
+    study.set_user_attr("stopped", None)
+
+
+def _start_workers(args: argparse.Namespace) -> list:
+    """``--workers N``: N-1 more processes running this same command as helpers."""
+    import subprocess
+    import tempfile
+
+    argv, skip = [], False
+    for a in args.argv:
+        if skip:
+            skip = False
+        elif a == "--workers":
+            skip = True
+        elif not a.startswith("--workers="):
+            argv.append(a)
+    helpers = []
+    for _ in range(args.workers - 1):
+        log = tempfile.TemporaryFile()
+        proc = subprocess.Popen([sys.executable, "-m", "partune.cli", *argv, "--worker"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        helpers.append((proc, log))
+    return helpers
+
+
+def _join_workers(helpers: list) -> list[str]:
+    """Wait for the helper workers; one line each on how they ended."""
+    lines = []
+    for proc, log in helpers:
+        code = proc.wait()
+        log.seek(0)
+        tail = [ln for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
+        lines.append(tail[-1] if code == 0 and tail else f"worker {proc.pid} ended with exit code {code}: "
+                     + (tail[-1] if tail else "no output"))
+    return lines
+
+
+def _save_front(result, output: str) -> list[str]:
+    """The latency/memory Pareto front, one plan file each (PLAN.front1.json is the fastest)."""
+    if not result.front:
+        return []
+    stem = output[:-5] if output.endswith(".json") else output
+    lines = ["", "Pareto front of the refinement (latency vs peak memory; each variant in a fresh process):",
+             f"| {'plan file':<30} | {'best ms':>9} | {'peak MiB':>9} | backends |", "|" + "-" * 32 + "|" +
+             "-" * 11 + "|" + "-" * 11 + "|----------|"]
+    for i, (plan, m) in enumerate(result.front, 1):
+        path = f"{stem}.front{i}.json"
+        plan.save(path)
+        mib = f"{m.peak_bytes / 2**20:9.1f}" if m.peak_bytes is not None else f"{'-':>9}"
+        lines.append(f"| {path[-30:]:<30} | {m.cost_s * 1e3:9.3f} | {mib} | {'+'.join(plan.backends)} |")
+    return lines
+
+
+class _Bars:
+    """tqdm progress bars, one per phase of the search."""
+
+    def __init__(self) -> None:
+        self.bar = None
+
+    def start_phase(self, name: str, total: int) -> None:
+        from tqdm import tqdm
+
+        if self.bar is not None:
+            self.bar.close()
+        self.bar = tqdm(total=total, desc=name, unit="run", file=sys.stderr, dynamic_ncols=True)
+
+    def advance(self, status: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(status[:60], refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _load_cost_model(path: str | None):
+    """The cost model at ``path`` (None when there is none yet: this run trains it)."""
+    if not path or not os.path.exists(path):
+        return None
+    from partune.core.errors import PartuneError
+    from partune.cost_models.xgboost_model import CostModel
+
+    try:
+        return CostModel.load(path)
+    except (OSError, ValueError) as e:
+        raise PartuneError(f"cannot use cost model {path}: {e}") from None
+
+
+def _update_cost_model(path: str, cost_model, result, model) -> str:
+    """Train on what this run measured (continuing from the loaded model) and save."""
+    import numpy as np
+
+    from partune.cost_models.features import featurize
+    from partune.cost_models.xgboost_model import CostModel
+
+    done = [(c, m) for c, m in result.trained if m.ok]
+    if result.cost_model is not None:  # it learned this run's candidates during the search
+        result.cost_model.save(path)
+        return (f"cost model: {result.counts.skipped} candidates not measured (ranked out); {path} updated "
+                f"in-run with this model's measurements")
+    if not done:
+        return f"cost model {path}: nothing new to learn"
+    x = np.stack([featurize(model.graph, c.subgraph.nodes, c.backend) for c, _ in done])
+    y = np.array([m.cost_s for _, m in done])
+    updated = (cost_model or CostModel()).update(x, y)
+    updated.save(path)
+    return (f"cost model: {result.counts.skipped} candidates not measured (ranked out); "
+            f"{path} updated with {len(done)} measurements")

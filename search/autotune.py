@@ -1,0 +1,104 @@
+"""The auto-tuning phase: tune (MetaSchedule) the TVM regions the DP would use, most gain first.
+
+A region is worth its tuning time only if the plan can take it once tuned, so each
+pick asks the DP which untuned regions it would use if they tuned as estimated
+(``partune.search.tuning``), and what a kind of op achieved corrects the estimate of
+the next pick. Tuned regions are then measured like any candidate.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+from partune.core.keys import region_key
+from partune.runners.builder import tune_request
+from partune.runners.timing import Measurement
+from partune.search.candidates import Candidate
+from partune.search.dp import NoCoverError, cheapest_cover
+from partune.search.tuning import TuningChoice, tuning_order
+
+if TYPE_CHECKING:
+    from partune.search.session import SearchSession
+
+
+def autotune(s: SearchSession) -> None:
+    """Tune for at most ``tune_budget_s`` (and never past the deadline)."""
+    budget = s.options.tune_budget_s
+    stop = time.monotonic() + budget
+    deadline = s.options.deadline or stop
+    done: set[str] = set()  # structures tuned (or tried) in this run
+    tunable = [c for c in s.cands if c.backend in s.autotuned]
+    others = [c for c in s.cands if c.backend not in s.autotuned]
+    structure = {c: region_key(s.graph, c.subgraph.nodes) for c in tunable}
+
+    def remaining() -> list[TuningChoice]:
+        """The order of what is left to tune, with the speed-ups measured so far."""
+        order = tuning_order(s.graph, tunable, others, s.cost, s.config.default.backend, s.result.tuning.achieved)
+        return _wanted(s, [t for t in order if t.structure not in done], structure)
+
+    order = remaining()
+    s.progress.start_phase("tune regions (MetaSchedule) the DP would use, most expected gain first", len(order))
+    while order and (left := min(stop, deadline) - time.monotonic()) > 0:
+        choice = order[0]
+        done.add(choice.structure)
+        key = tune_one(s, choice.candidate, left)
+        s.tuned[s.keys[choice.candidate]] = key
+        if key not in s.store:
+            s.measure_candidates({key: choice.candidate})
+        if math.isfinite(tuned_s := s.cost(choice.candidate)) and tuned_s > 0:
+            s.result.tuning.achieved.setdefault(choice.kind, []).append(choice.untuned_s / tuned_s)
+        s.progress.advance(f"{choice.kind} x{choice.occurrences}: {choice.untuned_s * 1e6:.0f} us untuned, "
+                           f"{tuned_s * 1e6:.0f} us tuned, {choice.best_other_s * 1e6:.0f} us elsewhere")
+        order = remaining()  # what this kind achieved corrects its prior before the next pick
+    s.result.tuning.seconds = budget - max(stop - time.monotonic(), 0.0)
+
+
+def _wanted(s: SearchSession, order: list[TuningChoice], structure: dict[Candidate, str]) -> list[TuningChoice]:
+    """The choices the DP would use if they tuned as estimated, most gain first: a region
+    tuned is worth it only if the plan can take it. Tuned regions count at their
+    measured cost; the others at their estimate."""
+    estimate = {t.structure: t.estimate_s for t in order}
+
+    def untuned(c: Candidate) -> bool:
+        return c.backend in s.autotuned and s.keys[c] not in s.tuned
+
+    def priced(c: Candidate) -> float:
+        if untuned(c):
+            x = estimate.get(structure[c])
+            return math.inf if x is None else max(x + s.adjust.get(c.scope, 0.0), 0.0)
+        return s.cost(c)
+
+    try:
+        cover = cheapest_cover(s.graph, s.cands, priced)
+    except NoCoverError:
+        return []
+    used = {structure[c] for c in cover.candidates if untuned(c)}
+    return [t for t in order if t.structure in used]
+
+
+def tune_one(s: SearchSession, c: Candidate, left_s: float) -> str:
+    """Tune ``c``'s region where it will be measured; the key its tuned measurement goes under.
+
+    The key names the budget, so a larger ``--tune-trials`` later tunes further and
+    measures again; tuning cut short by the budget gets a key of its own (with the trials
+    it got), so the next run resumes it instead of trusting a half-tuned measurement.
+    A tuning failure is stored as the failed measurement of that key.
+    """
+    trials, base_key = s.options.tune_trials, s.keys[c]
+    key = f"{base_key}:tuned{trials}"
+    if key in s.store:
+        return key
+    request = tune_request(s.mod, s.graph, c.subgraph.nodes, c.scope, trials, left_s)
+    report = s.runner.tune(request, left_s + 300.0)
+    if "error" in report:
+        s.store.put(key, Measurement.failed(f"tuning: {report['error']}"), f"tuning {c}")
+        s.counts.failed += 1
+        return key
+    s.result.tuning.regions += report["trials_run"] > 0
+    s.result.tuning.trials += report["trials_run"]
+    if report["timed_out"]:
+        done = sum(t["records_before"] + t["trials_run"] for t in report["tasks"])
+        return f"{base_key}:tuned-partial{done}"
+    return key

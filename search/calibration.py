@@ -1,0 +1,55 @@
+"""Fixed per-call costs: what a region costs inside a whole model beyond its isolated time.
+
+An isolated region is called from Python; inside the model the VM calls it. Native TVM
+regions run inline (their isolated VM call is not paid: a negative adjustment); a
+library region pays the VM-to-kernel transition (the penalty Collage lacked). Both come
+from timing the one-add calibration model, isolated and end to end.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+
+from partune.backends import registry
+from partune.core.graph import DataflowGraph
+from partune.core.keys import calibration_keys
+from partune.core.plan import Plan, Region
+from partune.core.scopes import CompilationConfig, SEScope
+from partune.runners.builder import calibration_module, overhead_request, plan_request
+from partune.runners.runner import Runner
+from partune.search.result import Counts
+from partune.store.measurements import MeasurementStore
+
+
+def calibrate(runner: Runner, store: MeasurementStore, config: CompilationConfig, counts: Counts,
+              protocol: dict) -> dict[SEScope, float]:
+    """Per scope, the seconds to add to a region's isolated time (``protocol``: how it is timed)."""
+    model_json = tvm.ir.save_json(calibration_module())
+    graph = DataflowGraph.from_function(calibration_module()["main"])
+
+    def measured(key: str, request, label: str) -> float | None:
+        m, took = store.obtain(key, lambda: runner.run(request), label)
+        counts.measured += took
+        counts.reused += not took
+        return m.cost_s if m.ok else None
+
+    isolated, whole = {}, {}
+    for scope in config.primitives:
+        overhead, transition = calibration_keys(scope)
+        isolated[scope] = measured(overhead, overhead_request(scope, protocol), f"{scope} isolated call")
+        plan = Plan("calibration", graph.fingerprint, config, (Region((0,), scope),))
+        whole[scope] = measured(transition, plan_request(model_json, plan, [np.ones(1, "float32")], protocol),
+                                f"{scope} in a model")
+    native = config.default
+    out: dict[SEScope, float] = {}
+    if isolated[native] is not None and whole[native] is not None:
+        out[native] = -isolated[native]
+        for scope in config.primitives:
+            if scope == native or isolated[scope] is None or whole[scope] is None:
+                continue
+            if registry.get(scope.backend).codegen is None:  # inline in main, as native TVM is
+                out[scope] = -isolated[scope]
+            else:
+                out[scope] = max((whole[scope] - isolated[scope]) - (whole[native] - isolated[native]), 0.0)
+    return out

@@ -1,0 +1,86 @@
+"""What a search reports: counts, tuning, the plans it measured, and the verdict.
+
+Split by kind so a front end reads only what it shows: the CLI summary reads counts
+and tuning, the report reads plans, the plan's notes come from the verdict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from partune.core.plan import Plan
+from partune.cost_models.borders import BorderModel
+from partune.runners.timing import Measurement
+from partune.search.dp import Cover
+
+
+@dataclass
+class Progress:
+    """Callbacks a front end implements to show progress (all optional)."""
+
+    start_phase: Callable[[str, int], None] = lambda name, total: None
+    advance: Callable[[str], None] = lambda status: None
+
+
+@dataclass
+class Counts:
+    """How much was measured, reused and left out."""
+
+    candidates: int = 0
+    measured: int = 0
+    reused: int = 0
+    failed: int = 0
+    skipped: int = 0  # candidates the cost model ranked out of measuring
+
+    def took(self, taken: bool, ok: bool) -> None:
+        """Count one measurement: taken now (ok or failed), or reused from the store."""
+        self.measured += taken
+        self.failed += taken and not ok
+        self.reused += not taken
+
+
+@dataclass
+class TuningStats:
+    """What auto-tuning (MetaSchedule) did in this run."""
+
+    regions: int = 0
+    trials: int = 0
+    seconds: float = 0.0
+    achieved: dict[str, list[float]] = field(default_factory=dict)  # speed-ups measured, per op kind
+
+
+@dataclass
+class Verdict:
+    """Finalist plans and peers, timed interleaved in one process."""
+
+    measurements: dict[str, Measurement] = field(default_factory=dict)  # label -> measurement
+    peers: tuple[str, ...] = ()  # which labels are peers (not Partune plans)
+
+    @property
+    def best_peer(self) -> str | None:
+        ok = [p for p in self.peers if self.measurements.get(p) is not None and self.measurements[p].ok]
+        return min(ok, key=lambda p: self.measurements[p].median_s) if ok else None
+
+
+@dataclass
+class TuneResult:
+    counts: Counts = field(default_factory=Counts)
+    tuning: TuningStats = field(default_factory=TuningStats)
+    verdict: Verdict = field(default_factory=Verdict)
+    plan: Plan | None = None  # the emitted plan: fastest measured end to end
+    dp_plan: Plan | None = None
+    cover: Cover | None = None
+    end_to_end: dict[str, Measurement] = field(default_factory=dict)  # plan label -> measurement
+    plans: dict[str, Plan] = field(default_factory=dict)  # plan label -> the plan measured under it
+    search_s: float = 0.0
+    timed_out: bool = False
+    adjust_s: dict[str, float] = field(default_factory=dict)  # per scope: whole-model minus isolated
+    border: BorderModel = field(default_factory=BorderModel)  # learned from the plans measured
+    dp_label: str | None = None  # the DP's final plan (after border refinement) among end_to_end
+    dp_estimate_s: float | None = None  # its cost predicted before it was measured
+    inputs_from: str = "model"  # what candidates were measured on: "model" values or "random"
+    trained: list = field(default_factory=list)  # (candidate, measurement) taken this run
+    cost_model: object = None  # the cost model after learning from this run's measurements
+    refine_study: str | None = None  # the Optuna study of the refinement
+    front: tuple = ()  # latency+memory refinement: the Pareto front, (Plan, Measurement), fastest first

@@ -1,0 +1,380 @@
+"""The Collage search as a session: one object holds what the phases share, one method a phase.
+
+Phases, in the order ``run`` calls them: capture the model's intermediate values
+(candidates are timed on what they see inside the model); measure every candidate
+region on its SEScope; learn (a cost model, when there is one); calibrate fixed
+per-call costs; auto-tune the TVM regions the DP would use; propose plans (the DP,
+second opinions, every single-backend plan) and measure them end to end; learn border
+costs from those plans and let the DP propose again; refine with Optuna; then the
+fastest plans meet the peers in one interleaved comparison (``partune.search.verdict``)
+and the emitted plan says how it stands against the best of them.
+
+Every measurement goes through a Runner and into the MeasurementStore the moment it is
+taken; anything already stored is reused, so a killed search resumes where it stopped
+and a finished one, run again, measures nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+
+from partune.backends import registry
+from partune.core.errors import last_line
+from partune.core.keys import candidate_key, plan_key
+from partune.core.plan import Plan, Region
+from partune.core.scopes import CompilationConfig, SEScope
+from partune.cost_models.borders import BorderModel, Equation, fit, region_features
+from partune.runners.build_pool import BuildPool, Lookahead
+from partune.runners.builder import plan_request, region_request
+from partune.runners.peers import DEFAULT_PEERS
+from partune.runners.runner import Runner
+from partune.runners.timing import Measurement
+from partune.search.calibration import calibrate
+from partune.search.candidates import Candidate, accepted_nodes, backend_plan, enumerate_candidates
+from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
+from partune.search.pruning import features, prune
+from partune.search.refine import refine
+from partune.search.result import Counts, Progress, TuneResult
+from partune.store.measurements import MeasurementStore
+
+# Candidates are timed briefly (many of them); whole plans by the full protocol.
+CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
+PLAN_PROTOCOL = {"warmup": 2, "warmup_ms": 100.0, "repeat": 11, "min_repeat_ms": 50.0}
+BORDER_ROUNDS = 3  # DP proposals refined by learned border costs, each measured end to end
+MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regions
+# With a cost model, an unmeasured candidate enters the DP at this share of its predicted
+# cost: a prediction a little too high then still gets the candidate tried (measured) when
+# it is near the best, instead of leaving it out for good.
+OPTIMISM = 0.8
+
+
+@dataclass
+class TuneOptions:
+    """How a search runs; see ``partune.search.tune.tune`` for what each one does."""
+
+    threads: int = 1
+    pins: dict[int, SEScope] | None = None
+    deadline: float | None = None  # ``time.monotonic``: candidate measuring and refinement stop
+    progress: Progress | None = None
+    peers: tuple[str, ...] = DEFAULT_PEERS
+    refine_trials: int = 0
+    previous: Plan | None = None  # what an earlier run of the same job emitted: it competes again
+    cost_model: object = None
+    memory: bool = False
+    worker_only: bool = False
+    tune_budget_s: float = 0.0
+    tune_trials: int = 32
+    build_pool: BuildPool | None = None
+
+
+class SearchSession:
+    """One search of one model over some backends; ``run`` it once."""
+
+    def __init__(self, model, backends: list[str], runner: Runner, store: MeasurementStore,
+                 options: TuneOptions) -> None:
+        self.model, self.backends, self.runner, self.store, self.options = model, backends, runner, store, options
+        self.progress = options.progress or Progress()
+        self.graph, self.mod = model.graph, model.mod
+        self.config = CompilationConfig.for_cpu(backends, options.threads)
+        self.cands = [c for c in enumerate_candidates(self.mod, self.graph, self.config, options.pins)
+                      if schedulable(c)]
+        self.keys = {c: candidate_key(self.graph, c.subgraph.nodes, c.scope) for c in self.cands}
+        # An autotuned backend's candidates mean nothing untuned: they wait for the tuning phase.
+        self.autotuned = {b for b in backends if registry.get(b).autotuned}
+        self.result = TuneResult(counts=Counts(candidates=len(self.cands)))
+        self.predicted: dict[Candidate, float] = {}
+        self.x: np.ndarray | None = None  # cost-model features, one row per candidate
+        self.values: dict | None = None  # the model's intermediate values, once captured
+        self.adjust: dict[SEScope, float] = {}
+        self.tuned: dict[str, str] = {}  # an autotuned candidate's key -> the key of its tuned measurement
+        self.label_of: dict[str, str] = {}  # plan key -> the first label the plan was offered under
+        self.features = {c: region_features(self.graph, c.subgraph.nodes) for c in self.cands}
+        self.module_json = tvm.ir.save_json(self.mod)
+        self.equations: dict[str, Equation] = {}  # plan label -> its border-cost equation
+
+    @property
+    def counts(self) -> Counts:
+        return self.result.counts
+
+    def run(self) -> TuneResult:
+        from partune.search.autotune import autotune
+        from partune.search.verdict import emit, judge
+
+        start = time.monotonic()
+        self.measure_candidates(self.first_batch())
+        if self.predicted:  # learn from this model's own measurements before the DP trusts the rest
+            self.learn()
+        self.adjust = calibrate(self.runner, self.store, self.config, self.counts, CANDIDATE_PROTOCOL)
+        self.result.adjust_s = {k.backend or str(k): v for k, v in self.adjust.items()}
+        if self.autotuned and self.options.tune_budget_s > 0:
+            autotune(self)
+        self.propose()
+        self.borders()
+        self.refine()
+        if not self.options.worker_only:  # a helper worker: the primary takes it from here
+            finalists = self.finalists()
+            judge(self, finalists)
+            emit(self, finalists)
+        self.result.search_s = time.monotonic() - start
+        return self.result
+
+    # -- candidates -------------------------------------------------------------------
+
+    def first_batch(self) -> dict[str, Candidate]:
+        """The candidates to measure up front: all not stored, or the cost model's pick of them."""
+        keys, store = self.keys, self.store
+        todo: dict[str, Candidate] = {}
+        # Small regions first: the singles alone already give a complete cover.
+        for c in sorted(self.cands, key=lambda c: (len(c.subgraph), c.subgraph.nodes[0])):
+            if keys[c] not in store and keys[c] not in todo and c.backend not in self.autotuned:
+                todo[keys[c]] = c
+        self.counts.reused = len({keys[c] for c in self.cands if c.backend not in self.autotuned}) - len(todo)
+        if self.options.cost_model is not None and todo:
+            self.x = features(self.graph, self.cands)
+            self.predicted, todo = prune(self.cands, self.x, todo, self.options.cost_model)
+            self.counts.skipped = len({keys[c] for c in self.cands if keys[c] not in store}) - len(todo)
+        return todo
+
+    def capture(self) -> dict:
+        """The model's intermediate values, so candidates are measured on what they will see."""
+        from partune.runners.capture import capture_values
+
+        self.progress.start_phase("capture the model's values", 1)
+        try:
+            values = capture_values(self.mod, self.graph, self.model.inputs, self.backends)
+        except Exception as e:  # noqa: BLE001 - random inputs are the fallback, and it is reported
+            self.result.inputs_from = f"random ({last_line(e, 100)})"
+            values = None
+        self.progress.advance(self.result.inputs_from)
+        return values or {}
+
+    def measure_candidates(self, batch: dict[str, Candidate]) -> None:
+        """Measure ``batch`` (key -> candidate) in order; a deadline stops it."""
+        if batch and self.values is None:
+            self.values = self.capture()
+        self.progress.start_phase("measure candidates", len(batch))
+        # Keys another worker holds are left for last: by then they are usually stored.
+        held = {k for k in batch if self.store.claims.holder(k) is not None}
+        order = [k for k in batch if k not in held] + [k for k in batch if k in held]
+        ahead = Lookahead(self.options.build_pool, order, lambda key: region_request(
+            self.mod, self.graph, batch[key].subgraph.nodes, batch[key].scope, CANDIDATE_PROTOCOL,
+            self.values or None))
+        deadline = self.options.deadline
+        for key in order:
+            c = batch[key]
+            if deadline is not None and time.monotonic() > deadline:
+                self.result.timed_out = True
+                break
+            m, took = self.store.obtain(key, lambda key=key: self.runner.run(ahead.request(key)),
+                                        f"{self.model.name} {c}", deadline)
+            if m is None:
+                self.result.timed_out = True
+                break
+            self.counts.took(took, m.ok)
+            if took:
+                self.result.trained.append((c, m))
+            self.progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
+
+    def learn(self) -> None:
+        """Refit the cost model on everything measured of this model (from the model it
+        came with, not stacked on the last refit) and predict the unmeasured again."""
+        seen = [(i, self.store.get(self.keys[c])) for i, c in enumerate(self.cands)]
+        if done := [(i, m.cost_s) for i, m in seen if m is not None and m.ok]:
+            idx, seconds = zip(*done, strict=True)
+            model = self.options.cost_model.update(self.x[list(idx)], np.array(seconds))
+            self.result.cost_model = model
+            self.predicted = dict(zip(self.cands, (float(v) for v in model.predict(self.x)), strict=True))
+
+    def guess(self, c: Candidate) -> bool:
+        """Whether ``c``'s cost is still the cost model's prediction (not yet measured)."""
+        return c in self.predicted and c.backend not in self.autotuned and self.keys[c] not in self.store
+
+    def cost(self, c: Candidate) -> float:
+        """``c``'s cost inside the model: measured, else predicted (optimistically), else inf."""
+        adjust = self.adjust.get(c.scope, 0.0)
+        if c.backend in self.autotuned:
+            m = self.store.get(self.tuned[self.keys[c]]) if self.keys[c] in self.tuned else None
+            return max(m.cost_s + adjust, 0.0) if m is not None and m.ok else float("inf")
+        m = self.store.get(self.keys[c])
+        if m is None and c in self.predicted:  # not measured (pruned): the cost model's guess, for now,
+            # taken optimistically so that the DP tries (and so measures) near misses
+            return max(self.predicted[c] * OPTIMISM + adjust, 0.0)
+        if m is None or not m.ok:
+            return float("inf")
+        return max(m.cost_s + adjust, 0.0)
+
+    def stored_cost(self, region: Region) -> float | None:
+        """A region's cost if it was measured as a candidate (single-backend plans' regions)."""
+        m = self.store.get(candidate_key(self.graph, tuple(sorted(set(region.nodes))), region.scope))
+        return m.cost_s if m is not None and m.ok else None
+
+    # -- plans ------------------------------------------------------------------------
+
+    def dp(self, allowed: set[str], border: BorderModel | None = None) -> tuple[Cover, Plan] | None:
+        """The cheapest cover over ``allowed`` backends; predicted regions it picks are measured."""
+        border = border or BorderModel()
+
+        def priced(c: Candidate) -> float:
+            return self.cost(c) + border.extra_s(self.features[c])
+
+        for rounds_left in range(MAX_PREDICTED_ROUNDS, -1, -1):
+            # The last round trusts no prediction: only measured candidates are left in it.
+            usable = [c for c in self.cands if c.backend in allowed and (rounds_left or not self.guess(c))]
+            try:
+                cover = cheapest_cover(self.graph, usable, priced)
+            except NoCoverError:
+                return None
+            # A plan is never built on predictions: measure its predicted regions, then redo.
+            guessed = {self.keys[c]: c for c in cover.candidates if self.guess(c)}
+            if not guessed:
+                break
+            self.measure_candidates(guessed)
+            self.learn()
+        regions = tuple(Region(c.subgraph.nodes, c.scope, self.cost(c)) for c in cover.candidates)
+        return cover, Plan(self.model.name, self.graph.fingerprint, self.config, regions,
+                           notes={"kind": "collage dp", "estimate_s": cover.cost_s})
+
+    def offer(self, label: str, plan: Plan, always: bool = False) -> bool:
+        """Make ``plan`` a contender under ``label``; False when an equal plan already is one."""
+        key = plan_key(plan)
+        if key in self.label_of and not always:
+            return False
+        self.label_of.setdefault(key, label)
+        self.result.plans[label] = plan
+        return True
+
+    def second_opinions(self, border: BorderModel | None = None, suffix: str = "") -> list[str]:
+        """The DP restricted to native + one other backend, per backend: a second opinion
+        when isolated costs mislead (a plan's parts interact); end to end decides."""
+        native, added = self.config.default, []
+        for b in self.backends if len(self.backends) > 2 else ():
+            if b != native.backend and (alt := self.dp({native.backend, b}, border)) is not None:
+                label = f"partune dp ({native.backend}+{b}){suffix}"
+                if self.offer(label, alt[1]):
+                    added.append(label)
+        return added
+
+    def measure(self, plan: Plan, label: str, fresh: bool = False) -> Measurement:
+        """``plan`` end to end; ``fresh``: in a new worker process, so its peak memory is its own."""
+        m, took = self.store.obtain(plan_key(plan) + (":fresh" if fresh else ""), lambda: self.runner.run(
+            plan_request(self.module_json, plan, self.model.inputs, PLAN_PROTOCOL, fresh)), f"{self.model.name} {label}")
+        self.counts.took(took, m.ok)
+        self.progress.advance(f"{label}: " + (f"{m.cost_s * 1e3:.3f} ms" if m.ok else "failed"))
+        return m
+
+    def end_to_end(self, label: str, plan: Plan) -> Measurement:
+        """Measure a contender end to end and record it under ``label``."""
+        self.result.end_to_end[label] = self.measure(plan, label)
+        return self.result.end_to_end[label]
+
+    def propose(self) -> None:
+        """The DP's plan, its second opinions and every single-backend plan, measured end to end."""
+        found = self.dp(set(self.backends))
+        if found is not None:
+            self.result.cover, self.result.dp_plan = found
+            self.result.dp_label = "partune dp"
+            self.offer("partune dp", found[1])
+        self.second_opinions()
+        for b in self.backends:
+            if b not in self.autotuned:  # all of a model tuned as one region: not what tuning is budgeted for
+                self.offer(f"{b}-only", backend_plan(self.model.name, self.mod, self.graph, self.config, b),
+                           always=True)
+        self.progress.start_phase("measure plans end to end", len(self.result.plans) + BORDER_ROUNDS)
+        for label, plan in self.result.plans.items():
+            self.end_to_end(label, plan)
+
+    # -- border costs -----------------------------------------------------------------
+
+    def equation(self, plan: Plan, m: Measurement) -> Equation | None:
+        """What ``plan`` cost end to end beyond its regions' isolated costs, by its borders."""
+        costs = [self.stored_cost(r) for r in plan.regions]
+        if not m.ok or any(c is None for c in costs):
+            return None
+        isolated = sum(c + self.adjust.get(r.scope, 0.0) for c, r in zip(costs, plan.regions, strict=True))
+        feats = sum(region_features(self.graph, r.nodes) for r in plan.regions)
+        return Equation(feats, m.cost_s - isolated, m.cost_s)
+
+    def borders(self) -> None:
+        """Border costs learned from the plans measured; the DP proposes again with them."""
+        result = self.result
+        self.equations = {label: e for label, p in result.plans.items()
+                          if (e := self.equation(p, result.end_to_end[label])) is not None}
+        for k in range(BORDER_ROUNDS):
+            result.border = fit(list(self.equations.values()))
+            refined = self.dp(set(self.backends), result.border)
+            if refined is None:
+                break
+            label = f"partune dp+borders{'' if k == 0 else f' {k + 1}'}"
+            if not self.offer(label, refined[1]):
+                result.dp_label, (result.cover, result.dp_plan) = self.label_of[plan_key(refined[1])], refined
+                break  # a plan measured already (its regions here carry the DP's costs)
+            result.dp_label = label
+            result.cover, result.dp_plan = refined
+            if (e := self.equation(refined[1], self.end_to_end(label, refined[1]))) is not None:
+                self.equations[label] = e
+        if result.border.equations:  # second opinions with border costs too
+            for label in self.second_opinions(result.border, "+borders"):
+                self.end_to_end(label, result.plans[label])
+        self.estimate_dp_plan()
+
+    def estimate_dp_plan(self) -> None:
+        """The DP's estimate of its plan, with borders fitted on the other plans only: a prediction."""
+        result = self.result
+        if result.dp_label is None or result.dp_plan is None:
+            result.dp_label = None
+            return
+        held_out = fit([e for label, e in self.equations.items() if label != result.dp_label])
+        isolated = sum(r.cost_s or 0.0 for r in result.dp_plan.regions)
+        feats = sum(region_features(self.graph, r.nodes) for r in result.dp_plan.regions)
+        result.dp_estimate_s = isolated + held_out.extra_s(feats)
+
+    # -- refinement and the finalists -------------------------------------------------
+
+    def refine(self) -> None:
+        """Plan variants around the DP's plan, proposed by Optuna and measured end to end."""
+        from partune.search.verdict import refine_study_name
+
+        opts, result = self.options, self.result
+        if opts.refine_trials <= 0 or result.dp_plan is None:
+            return
+        self.progress.start_phase("refine plans end to end (Optuna" + (", NSGA-II)" if opts.memory else ")"),
+                                  opts.refine_trials)
+        accepted = {b: accepted_nodes(self.mod["main"], b) for b in self.backends if b not in self.autotuned}
+        result.refine_study = refine_study_name(self.graph, result.dp_plan, opts.memory)
+        refined = refine(self.graph, result.dp_plan, self.config, accepted,
+                         lambda p: self.measure(p, "refine variant", fresh=opts.memory), self.store.storage,
+                         result.refine_study, opts.refine_trials, deadline=opts.deadline, memory=opts.memory,
+                         claim=self.store.claims.claim)
+        if refined is not None:
+            result.front = refined.front
+            if self.offer("partune refined", refined.plan):
+                result.end_to_end["partune refined"] = refined.measurement
+
+    def finalists(self) -> dict[str, Plan]:
+        """The plans that meet the peers: the fastest few, plus each graph-level backend's own plan.
+
+        The mirrors (onnxruntime-only vs onnxruntime on the user's file) are always in, so a
+        noisy end-to-end sample can never keep the plan that ties the peer out of the verdict.
+        """
+        from partune.search.verdict import FINALISTS
+
+        previous, result = self.options.previous, self.result
+        # A model-file plan is not rebuilt here: its library meets the plans as a peer again.
+        if previous is not None and previous.fingerprint == self.graph.fingerprint and previous.model_file is None:
+            if self.offer("previous best", previous):  # a resumed job never emits worse than before
+                self.end_to_end("previous best", previous)
+        ok = {label: m for label, m in result.end_to_end.items() if m.ok}
+        if not ok:
+            raise RuntimeError("no plan could be built and run: " +
+                               "; ".join(f"{k}: {m.error}" for k, m in result.end_to_end.items()))
+        picked: dict[str, str] = {}  # plan key -> label: one label per distinct plan
+        mirrors = [f"{b}-only" for b in self.backends if registry.get(b).level.value == "compiler"]
+        for label in sorted(ok, key=lambda label: ok[label].cost_s):
+            key = plan_key(result.plans[label])
+            if (len(picked) < FINALISTS or label in mirrors) and key not in picked:
+                picked[key] = label
+        return {label: result.plans[label] for label in picked.values()}

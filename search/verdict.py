@@ -1,0 +1,132 @@
+"""The verdict: the finalist plans meet the peers, and the plan to emit is chosen.
+
+Finalists and peers (the tools a user would pick instead, ``partune.runners.peers``)
+are timed in one process, interleaved, and stored like every other measurement. The
+emitted plan is the fastest of them by interleaved median; when a library on the
+model's own file beats every partitioned plan, that file under that library is the
+plan, so Partune never emits something slower than what the user already has.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from partune.backends.model_file import sha256
+from partune.core.graph import DataflowGraph
+from partune.core.keys import plan_key, verdict_key
+from partune.core.plan import ModelFile, Plan, Region, model_file_plan
+from partune.runners.builder import compare_request
+from partune.runners.peers import (
+    LIBRARY_PEERS,
+    available_peers,
+    model_origin,
+    peer_kind,
+    peer_label,
+    peer_specs,
+)
+from partune.runners.timing import Measurement
+from partune.search.result import Verdict
+from partune.store.measurements import POLL_S
+
+if TYPE_CHECKING:
+    from partune.search.session import SearchSession
+
+FINALISTS = 3
+VERDICT_ROUNDS = 7
+VERDICT_TIMEOUT_S = 900.0  # torch.compile of a whole model inside the measuring process
+
+
+def refine_study_name(graph: DataflowGraph, dp_plan: Plan, memory: bool) -> str:
+    """The refinement study of a model's DP plan (the same for every worker and every rerun)."""
+    return f"refine:{graph.fingerprint}:{plan_key(dp_plan)}" + (":latency+memory" if memory else "")
+
+
+def judge(s: SearchSession, finalists: dict[str, Plan]) -> None:
+    """Finalist plans against the peers, in one process, interleaved; stored like the rest.
+
+    One worker times the verdict (it claims the key); the others wait and read it.
+    """
+    model, store, counts = s.model, s.store, s.counts
+    wanted = available_peers(model, s.options.peers)
+    key = verdict_key(model.graph.fingerprint, [plan_key(p) for p in finalists.values()], wanted)
+    labels = list(finalists) + [peer_label(p, model) for p in wanted]
+    s.progress.start_phase("plans vs peers, interleaved", 1)
+    while not all(key + label in store for label in labels):
+        if store.claims.claim(key):
+            request = compare_request(s.module_json, finalists, peer_specs(model, wanted), model.inputs,
+                                      VERDICT_ROUNDS)
+            measured = s.runner.compare(request, timeout_s=max(VERDICT_TIMEOUT_S, s.runner.timeout_s))
+            for label, m in measured.items():
+                store.put(key + label, m, f"{model.name} verdict {label}")
+            store.claims.done(key)
+            counts.measured += len(measured)
+            break
+        time.sleep(POLL_S)
+        store.refresh()
+    else:
+        measured = {label: store.get(key + label) for label in labels}
+        counts.reused += len(labels)
+    s.result.verdict = Verdict(measured, tuple(peer_label(p, model) for p in wanted))
+    best = min((m.median_s for m in measured.values() if m.ok), default=float("nan"))
+    s.progress.advance(f"fastest median {best * 1e3:.3f} ms")
+
+
+def fastest_library_peer(verdict: Verdict) -> str | None:
+    """The verdict's fastest library peer on the model's own graph (onnxruntime, OpenVINO):
+    the one a model-file plan can be made of. None when no such peer ran."""
+    ms = verdict.measurements
+    ok = [p for p in verdict.peers if peer_kind(p) in LIBRARY_PEERS and ms.get(p) is not None and ms[p].ok]
+    return min(ok, key=lambda p: ms[p].median_s) if ok else None
+
+
+def emit(s: SearchSession, finalists: dict[str, Plan]) -> None:
+    """The plan to emit: the fastest finalist by interleaved median, or the model's own file
+    under the fastest library when no finalist beat it; its notes say how it stands."""
+    result = s.result
+    verdict = result.verdict.measurements
+    ok = {label: m for label, m in result.end_to_end.items() if m.ok}
+    judged = {label: m for label, m in verdict.items() if label in finalists and m.ok}
+    if judged:  # the interleaved medians decide; the search's best samples break no ties here
+        best = min(judged, key=lambda label: judged[label].median_s)
+    else:
+        best = min(ok, key=lambda label: ok[label].cost_s)
+    chosen = result.plans[best]
+    notes = {**chosen.notes, **_search_notes(s, best, ok)}
+    file_peer = fastest_library_peer(result.verdict)
+    file = None
+    if file_peer is not None and (not judged or verdict[file_peer].median_s < judged[best].median_s):
+        # No plan beat a library on the model's own file: that is the plan (never slower than it).
+        file = ModelFile(peer_kind(file_peer), model_origin(s.model),
+                         sha256(s.model.onnx_bytes) if s.model.onnx_bytes else None)
+        notes |= {"kind": "model file", "chosen_as": file_peer, "measured_s": verdict[file_peer].cost_s,
+                  "best_partitioned": best,
+                  "best_partitioned_median_s": judged[best].median_s if judged else None}
+        best, judged = file_peer, {file_peer: verdict[file_peer]}
+    if (peer := result.verdict.best_peer) is not None and best in judged:
+        ratio = verdict[peer].median_s / judged[best].median_s
+        notes |= {"best_peer": peer, "speedup_vs_best_peer": ratio, "beats_best_peer": ratio >= 1.0}
+    if file is not None:
+        result.plan = model_file_plan(s.model.name, s.graph, s.config, file, notes)
+    else:
+        regions = tuple(r if r.cost_s is not None else Region(r.nodes, r.scope, s.stored_cost(r))
+                        for r in chosen.regions)
+        result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, regions, notes=notes)
+
+
+def _search_notes(s: SearchSession, best: str, ok: dict[str, Measurement]) -> dict:
+    """What the plan's notes record of the search behind it."""
+    result = s.result
+    verdict = result.verdict.measurements
+    notes = {"chosen_as": best, "measured_s": ok[best].cost_s,
+             "end_to_end_s": {k: v.cost_s for k, v in ok.items()},
+             "verdict_median_s": {k: v.median_s for k, v in verdict.items() if v.ok},
+             "peers": list(result.verdict.peers),
+             "peers_unavailable": {k: v.error for k, v in verdict.items() if k in result.verdict.peers and not v.ok}}
+    if result.dp_label is not None:
+        notes |= {"dp_label": result.dp_label, "dp_estimate_s": result.dp_estimate_s,
+                  "border_model": result.border.describe()}
+    if result.front:
+        notes["pareto_front"] = [{"latency_s": m.cost_s, "peak_bytes": m.peak_bytes, "backends": list(p.backends),
+                                  "regions": len(p.regions)} for p, m in result.front]
+    return notes
