@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated backends on offer (default tvm,torch,onnxruntime,openvino)")
     t.add_argument("--storage", default="sqlite:///partune.db",
                    help="Optuna storage URL for measurements (default sqlite:///partune.db; "
-                        "postgresql://... for many workers)")
+                        "postgresql://... for many workers; 'memory' keeps nothing after the run)")
     t.add_argument("--study", help="name of this tuning job in the storage (default MODEL:BACKENDS)")
     t.add_argument("--runner", default="local", help="local, or rpc://HOST:PORT/KEY for a TVM RPC tracker")
     t.add_argument("--timeout", help="time budget of the search (e.g. 30m, 8h): candidate measuring and "

@@ -2,12 +2,10 @@
 take one twice.
 
 Several processes (``--workers N``, or one ``partune tune`` per machine on a shared
-PostgreSQL) walk the same candidates. Before measuring a key a worker claims it: one row
-in a small table beside Optuna's, inserted under the key as primary key, so exactly one
-insert wins whatever the database. The row stays once the measurement is stored (a done
-claim never expires), so a worker whose view of the store is stale still cannot take it
-again. A claim in progress expires after ``ttl_s``: a worker killed mid-measurement holds
-its keys only that long.
+PostgreSQL) walk the same candidates. Before measuring a key a worker claims it. A claim
+stays once the measurement is stored (a done claim never expires), so a worker whose
+view of the store is stale still cannot take it again. One class per kind of storage:
+``SqlClaims`` beside Optuna's tables, ``InProcessClaims`` for the in-memory store.
 """
 
 from __future__ import annotations
@@ -15,10 +13,7 @@ from __future__ import annotations
 import math
 import os
 import socket
-import time
-
-import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from abc import ABC, abstractmethod
 
 DONE = math.inf  # the expiry of a claim whose measurement is stored
 
@@ -28,7 +23,7 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _alive(owner: str) -> bool:
+def alive(owner: str) -> bool:
     """Whether a claim's owner may still be working: always, for a worker on another host."""
     host, _, pid = owner.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
@@ -42,52 +37,27 @@ def _alive(owner: str) -> bool:
     return True
 
 
-class Claims:
-    """Atomic claims on measurement keys, in the same database as the measurements."""
+class Claims(ABC):
+    """Atomic claims on measurement keys: one worker takes each key, once."""
 
-    def __init__(self, engine: sa.engine.Engine, ttl_s: float = 600.0, owner: str | None = None) -> None:
-        self.engine, self.ttl_s, self.owner = engine, ttl_s, owner or worker_id()
-        meta = sa.MetaData()
-        self.table = sa.Table("partune_claims", meta,
-                              sa.Column("key", sa.String(512), primary_key=True),
-                              sa.Column("owner", sa.String(128), nullable=False),
-                              sa.Column("expires", sa.Float, nullable=False))
-        meta.create_all(engine, checkfirst=True)
+    owner: str
 
+    @abstractmethod
     def claim(self, key: str) -> bool:
         """True when this worker may take ``key`` now: nobody had it, or its claim expired."""
-        t, now = self.table, time.time()
-        try:
-            with self.engine.begin() as c:
-                c.execute(t.insert().values(key=key, owner=self.owner, expires=now + self.ttl_s))
-            return True
-        except IntegrityError:
-            pass
-        holder = self.holder(key)
-        dead = holder is not None and not _alive(holder)
-        with self.engine.begin() as c:  # take over an expired claim, or a dead worker's, atomically
-            stale = (t.c.expires < now) | ((t.c.owner == holder) & (t.c.expires < DONE) if dead else False)
-            r = c.execute(t.update().where(t.c.key == key, stale)
-                          .values(owner=self.owner, expires=now + self.ttl_s))
-            return r.rowcount == 1
 
+    @abstractmethod
     def done(self, key: str) -> None:
         """The measurement under ``key`` is stored: nobody takes it again."""
-        with self.engine.begin() as c:
-            c.execute(self.table.update().where(self.table.c.key == key).values(expires=DONE))
 
+    @abstractmethod
     def release(self, key: str) -> None:
         """Give up a claim without a measurement (another worker may take it at once)."""
-        t = self.table
-        with self.engine.begin() as c:
-            c.execute(t.delete().where(t.c.key == key, t.c.owner == self.owner, t.c.expires < DONE))
 
+    @abstractmethod
     def is_done(self, key: str) -> bool:
         """Whether the measurement under ``key`` is stored (by any worker)."""
-        with self.engine.connect() as c:
-            return c.execute(sa.select(self.table.c.expires).where(self.table.c.key == key)).scalar() == DONE
 
+    @abstractmethod
     def holder(self, key: str) -> str | None:
         """Who holds ``key`` (None when nobody does)."""
-        with self.engine.connect() as c:
-            return c.execute(sa.select(self.table.c.owner).where(self.table.c.key == key)).scalar()

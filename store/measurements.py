@@ -14,7 +14,6 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import optuna
 import sqlalchemy
@@ -22,17 +21,13 @@ import sqlalchemy
 from partune.core.errors import PartuneError
 from partune.runners.timing import Measurement
 from partune.store.claims import Claims
+from partune.store.in_process_claims import InProcessClaims
+from partune.store.sql_claims import SqlClaims
 
 STUDY_PREFIX = "partune-measurements/"
 OPEN_ATTEMPTS = 3  # a new database: workers starting together race to create its tables
+MEMORY = "memory"  # a storage URL: measurements kept in this process only (tests, one-off runs)
 POLL_S = 2.0  # how often a worker waiting on another worker's measurement looks again
-
-
-@dataclass(frozen=True)
-class StoredMeasurement:
-    key: str
-    measurement: Measurement
-    label: str  # for people: model, region, backend
 
 
 class MeasurementStore:
@@ -52,18 +47,7 @@ class MeasurementStore:
         if heartbeat_s:
             heartbeat = {"heartbeat_interval": heartbeat_s, "grace_period": 2 * heartbeat_s,
                          "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2)}
-        for attempt in range(OPEN_ATTEMPTS):
-            try:
-                self.storage = optuna.storages.RDBStorage(storage_url, engine_kwargs=_engine_kwargs(storage_url),
-                                                          **heartbeat)
-                self.claims = Claims(self.storage.engine, claim_ttl_s)
-                break
-            except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
-                # Workers starting together on a new database race to create its tables.
-                racing = isinstance(e, sqlalchemy.exc.IntegrityError | sqlalchemy.exc.OperationalError)
-                if not racing or attempt + 1 == OPEN_ATTEMPTS:
-                    raise PartuneError(f"cannot open storage {storage_url}: {str(e).splitlines()[0][:160]}") from e
-                time.sleep(1.0)
+        self.storage, self.claims = _open(storage_url, heartbeat, claim_ttl_s)
         self.device = device
         self.study = optuna.create_study(study_name=STUDY_PREFIX + device, storage=self.storage,
                                          load_if_exists=True)
@@ -139,6 +123,23 @@ class MeasurementStore:
                 return None, False
             time.sleep(POLL_S)
             self.refresh()
+
+
+def _open(url: str, heartbeat: dict, claim_ttl_s: float) -> tuple[optuna.storages.BaseStorage, Claims]:
+    """The Optuna storage at ``url`` and its claims (``MEMORY``: both in this process)."""
+    if url == MEMORY:
+        return optuna.storages.InMemoryStorage(), InProcessClaims()
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **heartbeat)
+            return storage, SqlClaims(storage.engine, claim_ttl_s)
+        except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
+            # Workers starting together on a new database race to create its tables.
+            racing = isinstance(e, sqlalchemy.exc.IntegrityError | sqlalchemy.exc.OperationalError)
+            if not racing or attempt + 1 == OPEN_ATTEMPTS:
+                raise PartuneError(f"cannot open storage {url}: {str(e).splitlines()[0][:160]}") from e
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
 
 
 def _engine_kwargs(url: str) -> dict:

@@ -77,6 +77,28 @@ def test_store_dedups_and_persists(tmp_path):
     assert MeasurementStore(url, "other-device").get("k1") is None
 
 
+def test_the_in_memory_store_takes_each_key_once_and_keeps_nothing():
+    from partune.store.measurements import MEMORY
+
+    store = MeasurementStore(MEMORY, "dev")
+    calls = []
+
+    def take() -> Measurement:
+        calls.append(1)
+        return Measurement(1e-3, 0.0, 1e-3, 1, 1)
+
+    m, took = store.obtain("k", take)
+    assert took and store.obtain("k", take) == (m, False) and len(calls) == 1
+    claims = store.claims
+    assert claims.claim("x") and not claims.claim("x") and claims.holder("x") == claims.owner
+    claims.release("x")
+    assert claims.holder("x") is None and claims.claim("x")
+    claims.done("x")
+    claims.release("x")  # a done claim is never given up
+    assert claims.is_done("x") and not claims.claim("x")
+    assert MeasurementStore(MEMORY, "dev").get("k") is None  # each in-memory store is its own
+
+
 def test_a_stored_failure_is_retried_once_when_asked(tmp_path):
     from partune.runners.timing import Measurement
 
