@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from partune.cost_models.base import CostModel
 from partune.cost_models.features import FEATURE_VERSION, NAMES
 
 PARAMS = {"max_depth": 6, "eta": 0.1, "subsample": 0.9, "colsample_bytree": 0.9, "min_child_weight": 2,
@@ -20,14 +21,14 @@ PARAMS = {"max_depth": 6, "eta": 0.1, "subsample": 0.9, "colsample_bytree": 0.9,
 ROUNDS = 300
 
 
-class CostModel:
-    """Predicts a candidate's cost (seconds) from ``partune.cost_models.features`` vectors."""
+class XGBoostCostModel(CostModel):
+    """Gradient-boosted trees on log seconds (see the module docstring for why)."""
 
     def __init__(self, booster=None, trained_on: int = 0) -> None:
         self.booster = booster
         self.trained_on = trained_on
 
-    def fit(self, x: np.ndarray, seconds: np.ndarray, rounds: int = ROUNDS) -> CostModel:
+    def fit(self, x: np.ndarray, seconds: np.ndarray, rounds: int = ROUNDS) -> XGBoostCostModel:
         import xgboost as xgb
 
         data = xgb.DMatrix(x, label=np.log(np.maximum(seconds, 1e-9)), feature_names=list(NAMES))
@@ -35,17 +36,17 @@ class CostModel:
         self.trained_on = len(seconds)
         return self
 
-    def update(self, x: np.ndarray, seconds: np.ndarray, rounds: int = 50) -> CostModel:
+    def update(self, x: np.ndarray, seconds: np.ndarray, rounds: int = 50) -> XGBoostCostModel:
         """A new model that keeps boosting on new measurements (XGBoost continues from this
         model's trees); this one is left as it is, so a search can refit from the same base
         each time it has measured more (and not stack trees on trees)."""
         import xgboost as xgb
 
         if self.booster is None:
-            return CostModel().fit(x, seconds)
+            return XGBoostCostModel().fit(x, seconds)
         data = xgb.DMatrix(x, label=np.log(np.maximum(seconds, 1e-9)), feature_names=list(NAMES))
         booster = xgb.train(PARAMS, data, num_boost_round=rounds, xgb_model=self.booster)
-        return CostModel(booster, self.trained_on + len(seconds))
+        return XGBoostCostModel(booster, self.trained_on + len(seconds))
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         import xgboost as xgb
@@ -62,7 +63,7 @@ class CostModel:
             {"feature_version": FEATURE_VERSION, "features": list(NAMES), "trained_on": self.trained_on}))
 
     @classmethod
-    def load(cls, path: str | Path) -> CostModel:
+    def load(cls, path: str | Path) -> XGBoostCostModel:
         import xgboost as xgb
 
         path = Path(path)

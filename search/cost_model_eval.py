@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from partune.cost_models.features import featurize
-from partune.cost_models.xgboost_model import CostModel
+from partune.cost_models.xgboost_model import XGBoostCostModel
 
 
 @dataclass
@@ -107,6 +107,6 @@ def leave_one_model_out(data: list[Samples]) -> list[Score]:
                  for i, k in enumerate(s.keys) if k not in held_keys]
         if not train or len(held.seconds) == 0:
             continue
-        model = CostModel().fit(np.array([x for x, _ in train]), np.array([y for _, y in train]))
+        model = XGBoostCostModel().fit(np.array([x for x, _ in train]), np.array([y for _, y in train]))
         scores.append(score(held.model, model.predict(held.x), held.seconds, held.frontier))
     return scores

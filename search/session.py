@@ -27,6 +27,7 @@ from partune.core.errors import last_line
 from partune.core.keys import candidate_key, plan_key
 from partune.core.plan import Plan, Region
 from partune.core.scopes import CompilationConfig, SEScope
+from partune.cost_models.base import CostModel
 from partune.cost_models.borders import BorderModel, Equation, fit, region_features
 from partune.runners.build_pool import BuildPool, Lookahead
 from partune.runners.builder import plan_request, region_request
@@ -63,7 +64,7 @@ class TuneOptions:
     peers: tuple[str, ...] = DEFAULT_PEERS
     refine_trials: int = 0
     previous: Plan | None = None  # what an earlier run of the same job emitted: it competes again
-    cost_model: object = None
+    cost_model: CostModel | None = None
     memory: bool = False
     worker_only: bool = False
     tune_budget_s: float = 0.0

@@ -27,7 +27,7 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
     ``previous`` is the plan an earlier run of the same job emitted: it competes again.
-    With a ``cost_model`` (``cost_models.CostModel``) only the most promising candidates of
+    With a ``cost_model`` (``partune.cost_models.base.CostModel``) only the most promising candidates of
     each DP frontier are measured (``partune.search.pruning``); the rest enter the DP with predicted costs,
     and any the DP picks are measured before its plan counts.
     Candidates of autotuned backends (tuned TVM) are tuned, ``tune_trials`` per region,

@@ -9,7 +9,7 @@ import pytest
 
 from partune.core.graph import DataflowGraph
 from partune.cost_models.features import FEATURE_VERSION, NAMES, featurize
-from partune.cost_models.xgboost_model import CostModel
+from partune.cost_models.xgboost_model import XGBoostCostModel
 from partune.search.cost_model_eval import rank_correlation, score
 from tests.graphs import Diamond, Residual
 
@@ -37,7 +37,7 @@ def test_training_recovers_a_planted_ranking():
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 10, size=(600, len(NAMES)))
     true = np.exp(0.3 * x[:, NAMES.index("log_flops")] - 0.2 * x[:, NAMES.index("nodes")] - 8)
-    model = CostModel().fit(x[:500], true[:500])
+    model = XGBoostCostModel().fit(x[:500], true[:500])
     assert rank_correlation(model.predict(x[500:]), true[500:]) > 0.9
 
 
@@ -53,13 +53,13 @@ def test_scores_of_a_perfect_and_a_reversed_predictor():
 def test_saved_model_loads_only_with_its_feature_version(tmp_path):
     rng = np.random.default_rng(1)
     x, y = rng.uniform(size=(50, len(NAMES))), rng.uniform(1e-5, 1e-3, size=50)
-    model = CostModel().fit(x, y, rounds=5)
+    model = XGBoostCostModel().fit(x, y, rounds=5)
     model.save(tmp_path / "cm.json")
-    np.testing.assert_allclose(CostModel.load(tmp_path / "cm.json").predict(x), model.predict(x), rtol=1e-6)
+    np.testing.assert_allclose(XGBoostCostModel.load(tmp_path / "cm.json").predict(x), model.predict(x), rtol=1e-6)
     meta = tmp_path / "cm.meta.json"
     meta.write_text(json.dumps(json.loads(meta.read_text()) | {"feature_version": FEATURE_VERSION + 1}))
     with pytest.raises(ValueError, match="feature version"):
-        CostModel.load(tmp_path / "cm.json")
+        XGBoostCostModel.load(tmp_path / "cm.json")
 
 
 def test_leave_one_model_out_never_trains_on_the_held_out_regions(monkeypatch):
@@ -67,8 +67,8 @@ def test_leave_one_model_out_never_trains_on_the_held_out_regions(monkeypatch):
     from partune.search.cost_model_eval import Samples, leave_one_model_out
 
     sizes = []
-    real_fit = evaluate.CostModel.fit
-    monkeypatch.setattr(evaluate.CostModel, "fit",
+    real_fit = evaluate.XGBoostCostModel.fit
+    monkeypatch.setattr(evaluate.XGBoostCostModel, "fit",
                         lambda self, x, y, rounds=300: sizes.append(len(y)) or real_fit(self, x, y, rounds))
 
     rng = np.random.default_rng(2)
@@ -159,7 +159,7 @@ def test_the_search_learns_from_its_own_measurements():
 
     g = DataflowGraph.from_function(Chain["main"])
     x = np.stack([featurize(g, (n,), b) for n in range(len(g)) for b in ("tvm", "onnxruntime")])
-    start = CostModel().fit(x, np.full(len(x), 1e-3))  # knows nothing useful yet
+    start = XGBoostCostModel().fit(x, np.full(len(x), 1e-3))  # knows nothing useful yet
     result, store, _ = _chain_search(start)
     assert result.cost_model is not None and result.cost_model.trained_on > len(x)
     # What it learned is this model's costs: it predicts them far better than it started.

@@ -110,7 +110,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_costmodel_eval(args: argparse.Namespace) -> int:
     """Leave-one-model-out: how well the cost model ranks each DP frontier's candidates."""
     from partune.core.errors import PartuneError
-    from partune.cost_models.xgboost_model import CostModel
+    from partune.cost_models.xgboost_model import XGBoostCostModel
     from partune.models import load
     from partune.search.cost_model_eval import Samples, leave_one_model_out, samples_for
     from partune.store.measurements import STUDY_PREFIX, MeasurementStore
@@ -145,7 +145,7 @@ def cmd_costmodel_eval(args: argparse.Namespace) -> int:
     if args.save:
         import numpy as np
 
-        model = CostModel().fit(np.concatenate([s.x for s in data]), np.concatenate([s.seconds for s in data]))
+        model = XGBoostCostModel().fit(np.concatenate([s.x for s in data]), np.concatenate([s.seconds for s in data]))
         model.save(args.save)
         print(f"cost model trained on all {model.trained_on} measurements saved to {args.save}")
     return 0

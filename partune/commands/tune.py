@@ -261,10 +261,10 @@ def _load_cost_model(path: str | None):
     if not path or not os.path.exists(path):
         return None
     from partune.core.errors import PartuneError
-    from partune.cost_models.xgboost_model import CostModel
+    from partune.cost_models.xgboost_model import XGBoostCostModel
 
     try:
-        return CostModel.load(path)
+        return XGBoostCostModel.load(path)
     except (OSError, ValueError) as e:
         raise PartuneError(f"cannot use cost model {path}: {e}") from None
 
@@ -274,7 +274,7 @@ def _update_cost_model(path: str, cost_model, result, model) -> str:
     import numpy as np
 
     from partune.cost_models.features import featurize
-    from partune.cost_models.xgboost_model import CostModel
+    from partune.cost_models.xgboost_model import XGBoostCostModel
 
     done = [(c, m) for c, m in result.trained if m.ok]
     if result.cost_model is not None:  # it learned this run's candidates during the search
@@ -285,7 +285,7 @@ def _update_cost_model(path: str, cost_model, result, model) -> str:
         return f"cost model {path}: nothing new to learn"
     x = np.stack([featurize(model.graph, c.subgraph.nodes, c.backend) for c, _ in done])
     y = np.array([m.cost_s for _, m in done])
-    updated = (cost_model or CostModel()).update(x, y)
+    updated = (cost_model or XGBoostCostModel()).update(x, y)
     updated.save(path)
     return (f"cost model: {result.counts.skipped} candidates not measured (ranked out); "
             f"{path} updated with {len(done)} measurements")
