@@ -1,1 +1,5 @@
-"""Backends: one module each, reached by the search only through ``registry``."""
+"""Layer 2 of 7, ``partune.backends``: real libraries and compilers, one module a backend.
+
+The search reaches them only through ``registry``. Imports ``partune.core`` only
+(see docs/architecture.md).
+"""

@@ -1,3 +1,7 @@
-"""Partune's vocabulary, below every other layer: errors, SEScopes and CompilationConfigs,
-the dataflow graph and its sub-graphs, plans, how a plan is applied to a Relax module,
-and the keys under which measurements are stored."""
+"""Layer 1 of 7, ``partune.core``: the vocabulary every other layer speaks.
+
+Errors a user can cause, SEScope and CompilationConfig, the dataflow graph and its
+sub-graphs, plans, applying a plan to a Relax module, the keys measurements are stored
+under, and version fingerprints. Imports TVM and nothing of Partune
+(see docs/architecture.md).
+"""

@@ -1,2 +1,5 @@
-"""Partune's search: partition rules, candidates, the DP, auto-tuning choices,
-refinement, and the session that runs them in order."""
+"""Layer 6 of 7, ``partune.search``: partition rules, candidates, the DP, auto-tuning,
+refinement, the verdict, and the session that runs them in order.
+
+Imports every layer below it (see docs/architecture.md).
+"""
