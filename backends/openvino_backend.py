@@ -61,7 +61,7 @@ _TRUTHY = _SMALL_INTS | {"bool"}  # nonzero -> true is exact (no NaN, no narrowi
 _MOVE = frozenset({
     "relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten",
     "relax.permute_dims", "relax.broadcast_to", "relax.concat", "relax.split",
-    "relax.strided_slice", "relax.take", "relax.index_tensor", "relax.where",
+    "relax.strided_slice", "relax.take", "relax.index_tensor", "relax.gather_elements", "relax.where",
     "relax.full", "relax.full_like", "relax.zeros", "relax.zeros_like", "relax.ones",
     "relax.ones_like", "relax.arange",
 })
@@ -107,7 +107,7 @@ def _dtype_refusal(binding: relax.Binding) -> str | None:
     # int64 may only be read where its narrowing to int32 is harmless: as the source of
     # astype (the plugin's narrowing wraps, as Relax's cast does) or as gather indices
     # (any in-bounds index fits in int32).
-    index_arg = 1 if op in ("relax.take", "relax.index_tensor") else -1
+    index_arg = 1 if op in ("relax.take", "relax.index_tensor", "relax.gather_elements") else -1
     data = set(outs).union(*(a for i, a in enumerate(args) if i != index_arg))
     if op != "relax.astype" and "int64" in data:
         return "int64 operand (narrowed to int32)"
