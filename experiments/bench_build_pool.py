@@ -36,7 +36,12 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from partune.runners.protocol import RegionRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -80,7 +85,8 @@ def measure(model, cands: dict, values, args) -> dict:
     from partune.runners.build_pool import BuildPool, Lookahead, split_cores
     from partune.runners.builder import region_request
     from partune.runners.local import LocalRunner
-    from partune.runners.timing import Measurement
+    from partune.runners.protocol import ErrorReply
+    from partune.runners.timing import Measurement, Protocol
     from partune.search.session import CANDIDATE_PROTOCOL
     from partune.store.measurements import MeasurementStore
 
@@ -110,7 +116,7 @@ def measure(model, cands: dict, values, args) -> dict:
         if not args.no_warm_up:
             once = {"warmup": 1, "warmup_ms": 0.0, "repeat": 1, "min_repeat_ms": 0.0, "max_number": 1}
             for k in keys:
-                runner.exchange(make(k) | {"protocol": once})
+                runner.exchange(replace(make(k), protocol=Protocol(**once)))
         pool.join(300.0)
         for b, block in enumerate(blocks):
             wait_for_quiet(args.max_load)
@@ -120,10 +126,11 @@ def measure(model, cands: dict, values, args) -> dict:
 
                 def take(k: str, r=r, ahead=ahead) -> Measurement:
                     reply = runner.exchange(ahead.request(k))
-                    r["infos"][k] = reply.get("build", {})
-                    if "error" in reply:
-                        return Measurement.failed(reply["error"])
-                    return Measurement(**reply["measurement"])
+                    build = getattr(reply, "build", None)
+                    r["infos"][k] = {"cache": build.cache, "build_s": build.build_s or 0.0} if build else {}
+                    if isinstance(reply, ErrorReply):
+                        return Measurement.failed(reply.error)
+                    return reply.measurement
 
                 r["loads"].append(os.getloadavg()[0])
                 start = time.monotonic()
@@ -147,12 +154,12 @@ def measure(model, cands: dict, values, args) -> dict:
     return out
 
 
-def _marked(req: dict) -> dict:
+def _marked(req: RegionRequest) -> RegionRequest:
     """The same region with an attribute more: another build cache key."""
     import tvm
 
-    func = tvm.ir.load_json(req["module"])[req["function"]].with_attr("partune.warm_up", 1)
-    return req | {"module": tvm.ir.save_json(tvm.IRModule({req["function"]: func}))}
+    func = tvm.ir.load_json(req.module)[req.function].with_attr("partune.warm_up", 1)
+    return replace(req, module=tvm.ir.save_json(tvm.IRModule({req.function: func})))
 
 
 def quantiles(xs: list[float]) -> dict:

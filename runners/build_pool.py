@@ -13,7 +13,7 @@ measurer times earlier ones; the measurer then only loads a ready artefact.
     runner = LocalRunner(cpus=measure_cpus)           # the measurer on a core of its own
     pool.prefetch([req1, req2, ...])                  # region requests, in the order measured
     pool.wait(req1, timeout_s)                        # its build is done (or failed)
-    runner.run(req1 | {"build_cache": pool.cache_dir})
+    runner.run(replace(req1, build_cache=pool.cache_dir))
 
 ``Lookahead`` does this bookkeeping for a loop that measures keys in order.
 
@@ -35,10 +35,19 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import replace
 from typing import Generic, TypeVar
 
 from partune.backends import build_cache
 from partune.runners.local import LocalRunner
+from partune.runners.protocol import (
+    BuildReply,
+    BuildRequest,
+    ErrorReply,
+    RegionRequest,
+    Reply,
+    Request,
+)
 
 K = TypeVar("K", bound=Hashable)
 
@@ -115,7 +124,7 @@ class BuildPool:
         self.errors: list[str] = []  # the last few build failures, for reports
         self._cond = threading.Condition()
         self._queue: collections.deque[str] = collections.deque()
-        self._pending: dict[str, dict] = {}
+        self._pending: dict[str, BuildRequest] = {}
         self._state: dict[str, str] = {}
         self._closed = False
         self._starting = max(0, int(workers)) if self.cpus else 0
@@ -132,7 +141,7 @@ class BuildPool:
     def enabled(self) -> bool:
         return self.workers > 0 and not self._closed
 
-    def prefetch(self, requests: Iterable[dict]) -> None:
+    def prefetch(self, requests: Iterable[Request]) -> None:
         """Queue region requests for building, in this order (after those queued already).
 
         Returns at once. Requests queued, built or building already, and those of backends
@@ -141,20 +150,19 @@ class BuildPool:
         if not self.enabled:
             return
         for req in requests:
-            if req.get("kind", "region") != "region" or not _caches(req["backend"]):
+            if not isinstance(req, RegionRequest) or not _caches(req.backend):
                 continue
-            key = build_cache.request_key(req)
-            build = {k: req[k] for k in ("backend", "scope", "module", "function")}
+            key = _key(req)
             with self._cond:
                 if key in self._state:
                     continue
                 self._state[key] = _QUEUED
-                self._pending[key] = build | {"kind": "build", "build_cache": self.cache_dir}
+                self._pending[key] = BuildRequest.of(req, self.cache_dir)
                 self._queue.append(key)
                 self.stats["queued"] += 1
                 self._cond.notify()
 
-    def wait(self, request: dict, timeout_s: float) -> bool:
+    def wait(self, request: Request, timeout_s: float) -> bool:
         """Until ``request``'s build has finished or failed (at most ``timeout_s``).
 
         Returns at once when it was never queued; when it is queued but not started, it is
@@ -162,9 +170,9 @@ class BuildPool:
         the measurer builds it. When it had to wait, the next queued request is taken back
         too (see the module docstring). True when the pool built it: the measurer will load it.
         """
-        if not self.enabled or request.get("kind", "region") != "region":
+        if not self.enabled or not isinstance(request, RegionRequest):
             return False
-        key = build_cache.request_key(request)
+        key = _key(request)
         deadline = time.monotonic() + timeout_s
         with self._cond:
             state = self._state.get(key)
@@ -270,24 +278,31 @@ class BuildPool:
                     request = self._pending.pop(key)
                     self._state[key] = _BUILDING
                 try:
-                    reply = runner.exchange(request, self.timeout_s)
+                    reply: Reply = runner.exchange(request, self.timeout_s)
                 except Exception as e:  # noqa: BLE001 - never leave a request building forever
-                    reply = {"error": f"{type(e).__name__}: {e}"}
+                    reply = ErrorReply(f"{type(e).__name__}: {e}")
                 with self._cond:
-                    ok = "build" in reply
+                    ok = isinstance(reply, BuildReply)
                     self._state[key] = _DONE if ok else _FAILED
-                    if ok:
-                        self.stats["stored" if str(reply["build"].get("cache", "")).startswith("stored")
+                    if isinstance(reply, BuildReply):
+                        self.stats["stored" if reply.build.cache.startswith("stored")
                                    else "built, not stored"] += 1
                     else:
                         self.stats["failed"] += 1
-                        self.errors = [*self.errors[-9:], str(reply.get("error"))]
+                        why = reply.error if isinstance(reply, ErrorReply) else f"a '{reply.kind}' reply"
+                        self.errors = [*self.errors[-9:], why]
                     self._cond.notify_all()
-                failed_starts = failed_starts + 1 if reply.get("error") == "worker could not start" else 0
+                cannot_start = isinstance(reply, ErrorReply) and reply.error == "worker could not start"
+                failed_starts = failed_starts + 1 if cannot_start else 0
                 if failed_starts >= _START_FAILURES:
                     return
         finally:
             runner.close()
+
+
+def _key(req: RegionRequest) -> str:
+    """The build cache's key of a region request (``build_cache.request_key``, on its JSON)."""
+    return build_cache.request_key(req.to_json())
 
 
 def _caches(backend: str) -> bool:
@@ -310,7 +325,7 @@ class Lookahead(Generic[K]):
     simply passed. Without a pool (or with one that is disabled) it only calls ``make``.
     """
 
-    def __init__(self, pool: BuildPool | None, order: Sequence[K], make: Callable[[K], dict],
+    def __init__(self, pool: BuildPool | None, order: Sequence[K], make: Callable[[K], RegionRequest],
                  window: int = 8, wait_s: float | None = None) -> None:
         self.pool = pool if pool is not None and pool.enabled else None
         self.make = make
@@ -318,10 +333,10 @@ class Lookahead(Generic[K]):
         self.wait_s = wait_s if wait_s is not None else (pool.timeout_s if pool is not None else 0.0)
         self._order = list(order)
         self._pos = {k: i for i, k in enumerate(self._order)}
-        self._made: dict[K, dict] = {}
+        self._made: dict[K, RegionRequest] = {}
         self._ahead = 0  # keys before this index have been made (or passed)
 
-    def request(self, key: K) -> dict:
+    def request(self, key: K) -> RegionRequest:
         if self.pool is None:
             return self.make(key)
         i = self._pos[key]
@@ -337,6 +352,6 @@ class Lookahead(Generic[K]):
         self.pool.wait(req, self.wait_s)
         return req
 
-    def _attach(self, req: dict) -> dict:
+    def _attach(self, req: RegionRequest) -> RegionRequest:
         assert self.pool is not None
-        return req | {"build_cache": self.pool.cache_dir, "build_cache_once": True}
+        return replace(req, build_cache=self.pool.cache_dir, build_cache_once=True)

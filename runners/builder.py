@@ -19,6 +19,14 @@ from partune.core import partition
 from partune.core.graph import DataflowGraph, main_bindings
 from partune.core.plan import Plan
 from partune.core.scopes import SEScope
+from partune.runners.protocol import (
+    CompareRequest,
+    PlanRequest,
+    RegionRequest,
+    TuneRequest,
+    encode_array,
+)
+from partune.runners.timing import Protocol
 
 _installed: set[str] = set()
 _build_ids = itertools.count()
@@ -123,7 +131,7 @@ def build_model_file(plan: Plan, data: bytes, inputs: list[np.ndarray], threads:
 
 def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...],
                    scope: SEScope, protocol: dict | None = None, values: dict | None = None,
-                   build_cache: str | None = None) -> dict:
+                   build_cache: str | None = None) -> RegionRequest:
     """A request to measure ``nodes`` of main in isolation on ``scope``.
 
     The region is lifted into a function of its own and shipped as TVM JSON, so the
@@ -131,53 +139,42 @@ def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ..
     ``partune.runners.capture``) the request carries the tensors the region reads inside the
     model; without, the worker draws random ones. With ``build_cache`` (a directory a
     ``partune.runners.build_pool.BuildPool`` builds into) the worker loads the region built ahead
-    of time when it is there.
+    of time when it is there. ``protocol``: ``partune.runners.timing.Protocol``'s fields.
     """
     from partune.runners.capture import region_inputs
-    from partune.runners.protocol import encode_array
 
     bindings = main_bindings(mod["main"])
     exits = [bindings[n].var for n in partition.region_exits(graph, set(nodes))]
     func, args, _ = partition.lift_region([bindings[n] for n in sorted(nodes)], exits, "region", {})
-    req = {"kind": "region", "backend": scope.backend, "scope": scope.to_json(),
-           "module": tvm.ir.save_json(tvm.IRModule({"region": func})), "function": "region",
-           "protocol": protocol or {}}
-    if build_cache:
-        req["build_cache"] = build_cache
     arrays = region_inputs(args, values) if values is not None else None
-    if arrays is not None:
-        req["inputs"] = [encode_array(a) for a in arrays]
-    return req
+    return RegionRequest(scope.backend, scope, tvm.ir.save_json(tvm.IRModule({"region": func})), "region",
+                         Protocol(**(protocol or {})), build_cache=build_cache or None,
+                         inputs=tuple(encode_array(a) for a in arrays) if arrays is not None else None)
 
 
 def tune_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...], scope: SEScope,
-                 trials: int, timeout_s: float) -> dict:
+                 trials: int, timeout_s: float) -> TuneRequest:
     """A request to tune ``nodes`` of main for ``scope``'s (autotuned) backend."""
     req = region_request(mod, graph, nodes, scope)
-    return req | {"kind": "tune", "trials": trials, "timeout_s": timeout_s}
+    return TuneRequest(req.backend, req.scope, req.module, req.function, trials, timeout_s)
 
 
 def plan_request(module_json: str, plan: Plan, inputs: list[np.ndarray],
-                 protocol: dict | None = None, fresh: bool = False) -> dict:
+                 protocol: dict | None = None, fresh: bool = False) -> PlanRequest:
     """A request to build and time the whole model (``tvm.ir.save_json`` text) under ``plan``.
 
     ``fresh``: measure in a new worker process, so the peak memory reported is this
     plan's alone (a local runner restarts its worker; slower by the worker's start-up).
     """
-    from partune.runners.protocol import encode_array
-
-    return {"kind": "plan", "module": module_json, "plan": plan.to_json(), "fresh": fresh,
-            "inputs": [encode_array(a) for a in inputs], "protocol": protocol or {}}
+    return PlanRequest(module_json, plan, tuple(encode_array(a) for a in inputs),
+                       Protocol(**(protocol or {})), fresh)
 
 
 def compare_request(module_json: str, plans: dict[str, Plan], peers: dict[str, dict],
-                    inputs: list[np.ndarray], rounds: int = 5) -> dict:
+                    inputs: list[np.ndarray], rounds: int = 5) -> CompareRequest:
     """A request to time plans and peers (``partune.runners.peers`` specs) in one process, interleaved."""
-    from partune.runners.protocol import encode_array
-
-    contenders = {label: {"kind": "plan", "plan": p.to_json()} for label, p in plans.items()}
-    return {"kind": "compare", "module": module_json, "contenders": contenders | peers,
-            "inputs": [encode_array(a) for a in inputs], "rounds": rounds}
+    contenders: dict[str, Plan | dict] = {**plans, **peers}
+    return CompareRequest(module_json, contenders, tuple(encode_array(a) for a in inputs), rounds)
 
 
 def calibration_module() -> tvm.IRModule:
@@ -191,8 +188,7 @@ def calibration_module() -> tvm.IRModule:
     return bb.get()
 
 
-def overhead_request(scope: SEScope, protocol: dict | None = None) -> dict:
+def overhead_request(scope: SEScope, protocol: dict | None = None) -> RegionRequest:
     """A request timing the calibration model's only node as an isolated region on ``scope``."""
-    return {"kind": "region", "backend": scope.backend, "scope": scope.to_json(),
-            "module": tvm.ir.save_json(calibration_module()), "function": "main",
-            "protocol": protocol or {}}
+    return RegionRequest(scope.backend, scope, tvm.ir.save_json(calibration_module()), "main",
+                         Protocol(**(protocol or {})))

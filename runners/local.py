@@ -23,7 +23,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 
+from partune.runners.protocol import ErrorReply, PlanRequest, Reply, Request
 from partune.runners.runner import Runner
 from partune.runners.worker_main import CPUS_ENV
 
@@ -100,9 +102,9 @@ class LocalRunner(Runner):
             got += len(chunk)
         return b"".join(chunks)
 
-    def exchange(self, request: dict, timeout_s: float | None = None) -> dict:
-        request = dict(request, threads=self.threads)
-        if request.get("fresh"):
+    def exchange(self, request: Request, timeout_s: float | None = None) -> Reply:
+        request = replace(request, threads=self.threads)
+        if isinstance(request, PlanRequest) and request.fresh:
             self.close()  # a new worker: nothing an earlier request left behind counts
         data = pickle.dumps(request)
         limit = timeout_s or self.timeout_s
@@ -116,15 +118,15 @@ class LocalRunner(Runner):
             return pickle.loads(self._read(size, deadline))
         except TimeoutError:
             self._kill()
-            return {"error": f"timed out after {limit:g} s"}
+            return ErrorReply(f"timed out after {limit:g} s")
         except (ChildProcessError, BrokenPipeError, OSError):
             if self._proc is None:
-                return {"error": "worker could not start"}
+                return ErrorReply("worker could not start")
             code = self._proc.wait()
             tail = self._log_tail()
             self._proc = None
             why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            return {"error": f"worker crashed ({why})" + (f": {tail}" if tail else "")}
+            return ErrorReply(f"worker crashed ({why})" + (f": {tail}" if tail else ""))
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

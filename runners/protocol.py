@@ -1,15 +1,26 @@
-"""What travels between the search and the processes that measure: arrays as text.
+"""What travels between the search and the processes that measure: typed requests and replies.
 
-Requests and replies cross a pipe (a local worker) or TVM RPC (a remote one) as
-JSON-able dicts, so arrays travel as base64 ``.npy`` (no pickle: a reply never runs code).
+A request is one of ``RegionRequest``, ``TuneRequest``, ``PlanRequest``, ``CompareRequest``
+and ``BuildRequest`` (made by ``partune.runners.builder`` and ``partune.runners.build_pool``);
+the worker answers each with a ``MeasurementReply``, ``MeasurementsReply``, ``TuningReply``,
+``BuildReply`` or ``ErrorReply``. They cross a pipe (a local worker: pickled) or TVM RPC (a
+remote one: ``to_json``/``from_json`` text), and arrays travel inside them as base64
+``.npy`` (no pickle: what an array decodes to never runs code).
 """
 
 from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar, Self
 
 import numpy as np
+
+from partune.core.plan import Plan
+from partune.core.scopes import SEScope
+from partune.runners.timing import Measurement, Protocol
 
 
 def encode_array(a: np.ndarray) -> str:
@@ -29,3 +40,247 @@ def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -
     if np.issubdtype(np.dtype(dtype), np.integer):
         return rng.integers(0, 2, size=shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
+
+
+# -- Requests and replies ---------------------------------------------------------------------
+#
+# Each is a frozen dataclass with a ``kind`` tag. ``to_json`` gives a JSON-able dict (the
+# RPC path sends it as text; a field that is None is left out), ``from_json`` reads one
+# back exactly. The local pipe pickles the objects themselves.
+
+
+class ProtocolError(ValueError):
+    """A JSON message that is not a request or reply of this protocol."""
+
+
+_Codec = tuple[Callable[[Any], Any], Callable[[Any], Any]]
+_SAME: _Codec = (lambda v: v, lambda v: v)
+_SCOPE: _Codec = (SEScope.to_json, SEScope.from_json)
+_PROTOCOL: _Codec = (asdict, lambda d: Protocol(**d))
+_ARRAYS: _Codec = (list, tuple)  # base64 .npy texts (``encode_array``)
+_PLAN: _Codec = (Plan.to_json, Plan.from_json)
+_MEASUREMENT: _Codec = (Measurement.to_json, lambda d: Measurement(**d))
+_MEASUREMENTS: _Codec = (lambda ms: {label: m.to_json() for label, m in ms.items()},
+                         lambda d: {label: Measurement(**m) for label, m in d.items()})
+
+
+def _contender_to_json(c: Plan | dict) -> dict:
+    return {"kind": "plan", "plan": c.to_json()} if isinstance(c, Plan) else c
+
+
+def _contender_from_json(d: dict) -> Plan | dict:
+    return Plan.from_json(d["plan"]) if d.get("kind") == "plan" else dict(d)
+
+
+_CONTENDERS: _Codec = (lambda cs: {label: _contender_to_json(c) for label, c in cs.items()},
+                       lambda d: {label: _contender_from_json(c) for label, c in d.items()})
+
+
+class _Message:
+    """JSON for a dataclass: its fields, each through its codec (``_codecs``), and ``kind``."""
+
+    kind: ClassVar[str]
+    _codecs: ClassVar[dict[str, _Codec]] = {}
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if value is not None:
+                out[f.name] = self._codecs.get(f.name, _SAME)[0](value)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        if not isinstance(data, dict) or data.get("kind") != cls.kind:
+            raise ProtocolError(f"not a '{cls.kind}' message: {str(data)[:80]}")
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = set(data) - names - {"kind"}
+        if unknown:
+            raise ProtocolError(f"unknown field(s) of '{cls.kind}': {sorted(unknown)}")
+        return cls(**{k: cls._codecs.get(k, _SAME)[1](v) for k, v in data.items()
+                      if k != "kind" and v is not None})
+
+
+@dataclass(frozen=True)
+class RegionRequest(_Message):
+    """Measure one region in isolation: ``function`` of ``module`` (TVM JSON) on ``scope``.
+
+    ``inputs``: what the region reads inside the model (else the worker draws random ones).
+    ``build_cache``: a directory where a build pool may have built it (``build_cache_once``:
+    remove the entry once loaded). ``threads`` is set by the runner.
+    """
+
+    kind: ClassVar[str] = "region"
+    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "protocol": _PROTOCOL, "inputs": _ARRAYS}
+    backend: str
+    scope: SEScope
+    module: str
+    function: str
+    protocol: Protocol = field(default_factory=Protocol)
+    inputs: tuple[str, ...] | None = None
+    build_cache: str | None = None
+    build_cache_once: bool = False
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class TuneRequest(_Message):
+    """Tune one region for its (autotuned) backend, where it will be measured."""
+
+    kind: ClassVar[str] = "tune"
+    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE}
+    backend: str
+    scope: SEScope
+    module: str
+    function: str
+    trials: int
+    timeout_s: float
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class PlanRequest(_Message):
+    """Build the whole model (``module``, TVM JSON) under ``plan`` and time it end to end.
+
+    ``fresh``: in a new worker process, so the peak memory reported is this plan's alone.
+    """
+
+    kind: ClassVar[str] = "plan"
+    _codecs: ClassVar[dict[str, _Codec]] = {"plan": _PLAN, "inputs": _ARRAYS, "protocol": _PROTOCOL}
+    module: str
+    plan: Plan
+    inputs: tuple[str, ...]
+    protocol: Protocol = field(default_factory=Protocol)
+    fresh: bool = False
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class CompareRequest(_Message):
+    """Time contenders in one process, interleaved: plans, and peers (``partune.runners.peers`` specs)."""
+
+    kind: ClassVar[str] = "compare"
+    _codecs: ClassVar[dict[str, _Codec]] = {"contenders": _CONTENDERS, "inputs": _ARRAYS}
+    module: str
+    contenders: dict[str, Plan | dict[str, Any]]
+    inputs: tuple[str, ...]
+    rounds: int = 5
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class BuildRequest(_Message):
+    """Build a region into ``build_cache`` (a build pool's worker); nothing is timed."""
+
+    kind: ClassVar[str] = "build"
+    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE}
+    backend: str
+    scope: SEScope
+    module: str
+    function: str
+    build_cache: str
+    threads: int = 1
+
+    @classmethod
+    def of(cls, region: RegionRequest, build_cache: str) -> BuildRequest:
+        """The build of ``region``'s kernel into ``build_cache``."""
+        return cls(region.backend, region.scope, region.module, region.function, build_cache)
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """How a region's build went: seconds (None: not built) and what the build cache did."""
+
+    cache: str
+    build_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cache": self.cache} | ({"build_s": self.build_s} if self.build_s is not None else {})
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BuildInfo:
+        return cls(data["cache"], data.get("build_s"))
+
+
+_BUILD: _Codec = (BuildInfo.to_json, BuildInfo.from_json)
+
+
+@dataclass(frozen=True)
+class MeasurementReply(_Message):
+    """One measurement (failed ones included); a region's says how its build went, a
+    failure carries the worker's traceback."""
+
+    kind: ClassVar[str] = "measurement"
+    _codecs: ClassVar[dict[str, _Codec]] = {"measurement": _MEASUREMENT, "build": _BUILD}
+    measurement: Measurement
+    build: BuildInfo | None = None
+    trace: str | None = None
+
+
+@dataclass(frozen=True)
+class MeasurementsReply(_Message):
+    """A comparison's measurements, per contender label."""
+
+    kind: ClassVar[str] = "measurements"
+    _codecs: ClassVar[dict[str, _Codec]] = {"measurements": _MEASUREMENTS}
+    measurements: dict[str, Measurement]
+
+
+@dataclass(frozen=True)
+class TuningReply(_Message):
+    """A tuning's report (what the backend's ``tune_region`` returned)."""
+
+    kind: ClassVar[str] = "tuning"
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BuildReply(_Message):
+    """What a build request did."""
+
+    kind: ClassVar[str] = "build"
+    _codecs: ClassVar[dict[str, _Codec]] = {"build": _BUILD}
+    build: BuildInfo
+
+
+@dataclass(frozen=True)
+class ErrorReply(_Message):
+    """No reply from the worker (a crash, a hang, an RPC failure) or a build that failed: why."""
+
+    kind: ClassVar[str] = "error"
+    error: str
+
+
+Request = RegionRequest | TuneRequest | PlanRequest | CompareRequest | BuildRequest
+Reply = MeasurementReply | MeasurementsReply | TuningReply | BuildReply | ErrorReply
+
+REQUEST_TYPES: dict[str, type[Request]] = {t.kind: t for t in (
+    RegionRequest, TuneRequest, PlanRequest, CompareRequest, BuildRequest)}
+REPLY_TYPES: dict[str, type[Reply]] = {t.kind: t for t in (
+    MeasurementReply, MeasurementsReply, TuningReply, BuildReply, ErrorReply)}
+
+
+def request_from_json(data: dict[str, Any]) -> Request:
+    """The request a JSON dict holds, by its ``kind``."""
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in REQUEST_TYPES:
+        raise ProtocolError(f"unknown request kind {kind!r}")
+    return REQUEST_TYPES[kind].from_json(data)
+
+
+def reply_from_json(data: dict[str, Any]) -> Reply:
+    """The reply a JSON dict holds, by its ``kind``."""
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in REPLY_TYPES:
+        raise ProtocolError(f"unknown reply kind {kind!r}")
+    return REPLY_TYPES[kind].from_json(data)
+
+
+def failure_of(reply: Reply) -> str:
+    """Why a reply is not what was asked for: its error, or its failed measurement's."""
+    if isinstance(reply, ErrorReply):
+        return reply.error
+    if isinstance(reply, MeasurementReply):
+        return str(reply.measurement.error)
+    return f"unexpected '{reply.kind}' reply"

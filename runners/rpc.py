@@ -11,8 +11,10 @@ import json
 import signal
 import socket
 import time
+from dataclasses import replace
 
 from partune.core.errors import PartuneError, last_line
+from partune.runners.protocol import ErrorReply, Reply, Request, reply_from_json
 from partune.runners.runner import Runner
 
 MEASURE_FUNC = "partune.measure"
@@ -42,13 +44,14 @@ class RPCRunner(Runner):
         if not free and not servers:
             raise PartuneError(f"RPC tracker {tracker} has no server with key '{key}'")
 
-    def exchange(self, request: dict, timeout_s: float | None = None) -> dict:
-        request = dict(request, threads=self.threads)
+    def exchange(self, request: Request, timeout_s: float | None = None) -> Reply:
+        """The request as JSON text through the server's ``handle_json``; its reply read back."""
+        request = replace(request, threads=self.threads)
         try:
             sess = self._tracker.request(self.key, priority=1, session_timeout=timeout_s or self.timeout_s)
-            return json.loads(sess.get_function(MEASURE_FUNC)(json.dumps(request)))
+            return reply_from_json(json.loads(sess.get_function(MEASURE_FUNC)(json.dumps(request.to_json()))))
         except Exception as e:  # noqa: BLE001 - a crashed or timed-out session costs one request
-            return {"error": f"rpc: {last_line(e, 200)}"}
+            return ErrorReply(f"rpc: {last_line(e, 200)}")
 
 
 def _register_in_server() -> None:

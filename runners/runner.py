@@ -1,14 +1,26 @@
 """The Runner interface: take a measurement request, return what was measured.
 
-A request is a JSON-able dict built by ``partune.runners.builder`` (a region, a whole plan, or
-a comparison of plans and peers); a runner decides where it is timed: a local worker
-process, or a server reached through a TVM RPC tracker.
+A request is one of ``partune.runners.protocol``'s typed requests, made by
+``partune.runners.builder`` (a region, a whole plan, a comparison of plans and peers, a
+tuning); a runner decides where it is timed: a local worker process, or a server reached
+through a TVM RPC tracker. Replies are read by their type.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
+from partune.runners.protocol import (
+    CompareRequest,
+    MeasurementReply,
+    MeasurementsReply,
+    Reply,
+    Request,
+    TuneRequest,
+    TuningReply,
+    failure_of,
+)
 from partune.runners.timing import Measurement
 
 
@@ -16,30 +28,30 @@ class Runner(ABC):
     timeout_s: float = 120.0
 
     @abstractmethod
-    def exchange(self, request: dict, timeout_s: float | None = None) -> dict:
-        """Send one request, return the worker's reply; ``{"error": why}`` on a crash or hang."""
+    def exchange(self, request: Request, timeout_s: float | None = None) -> Reply:
+        """Send one request, return the worker's reply; an ``ErrorReply`` on a crash or hang."""
 
-    def run(self, request: dict) -> Measurement:
+    def run(self, request: Request) -> Measurement:
         """Measure one region or plan. Crashes and hangs give a failed Measurement, never raise."""
         reply = self.exchange(request)
-        if "error" in reply:
-            return Measurement.failed(reply["error"])
-        return Measurement(**reply["measurement"])
+        if isinstance(reply, MeasurementReply):
+            return reply.measurement
+        return Measurement.failed(failure_of(reply))
 
-    def compare(self, request: dict, timeout_s: float | None = None) -> dict[str, Measurement]:
+    def compare(self, request: CompareRequest, timeout_s: float | None = None) -> dict[str, Measurement]:
         """Time several contenders in one process, interleaved; a crash fails them all."""
         reply = self.exchange(request, timeout_s)
-        if "measurements" not in reply:
-            why = reply.get("error") or Measurement(**reply["measurement"]).error
-            return {label: Measurement.failed(str(why)) for label in request["contenders"]}
-        return {label: Measurement(**m) for label, m in reply["measurements"].items()}
+        if isinstance(reply, MeasurementsReply):
+            return dict(reply.measurements)
+        why = failure_of(reply)
+        return {label: Measurement.failed(why) for label in request.contenders}
 
-    def tune(self, request: dict, timeout_s: float) -> dict:
+    def tune(self, request: TuneRequest, timeout_s: float) -> dict[str, Any]:
         """Tune a region where it will be measured; its report, or ``{"error": why}``."""
         reply = self.exchange(request, timeout_s)
-        if "tuning" in reply:
-            return reply["tuning"]
-        return {"error": reply.get("error") or Measurement(**reply["measurement"]).error}
+        if isinstance(reply, TuningReply):
+            return reply.report
+        return {"error": failure_of(reply)}
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release workers or sessions."""

@@ -1,8 +1,9 @@
 """What runs where measurements are taken: a local worker process or an RPC server.
 
-Requests and replies are plain JSON-able dicts (arrays as base64 .npy), so the same
-function serves the local worker (over a pipe) and the RPC server (over TVM RPC).
-A crash or hang here costs the request, never the search that sent it.
+Requests and replies are the typed messages of ``partune.runners.protocol`` (arrays as base64
+.npy inside), so the same function serves the local worker (pickled over a pipe) and the RPC
+server (as JSON over TVM RPC, ``handle_json``). A crash or hang here costs the request,
+never the search that sent it.
 """
 
 from __future__ import annotations
@@ -11,116 +12,123 @@ import dataclasses
 import json
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from partune.core.errors import last_line
 from partune.runners import memory
-from partune.runners.protocol import decode_array, random_array
-from partune.runners.timing import Measurement, Protocol, time_callable
+from partune.runners.protocol import (
+    BuildInfo,
+    BuildReply,
+    BuildRequest,
+    CompareRequest,
+    ErrorReply,
+    MeasurementReply,
+    MeasurementsReply,
+    PlanRequest,
+    RegionRequest,
+    Reply,
+    Request,
+    TuneRequest,
+    TuningReply,
+    decode_array,
+    random_array,
+    request_from_json,
+)
+from partune.runners.timing import Measurement, time_callable
 
 
-def _protocol(req: dict) -> Protocol:
-    return Protocol(**req.get("protocol", {}))
-
-
-def _region(req: dict):
-    """The region function and SEScope a region or tune request carries."""
+def _region(req: RegionRequest | TuneRequest | BuildRequest):
+    """The region function a region, tune or build request carries."""
     import tvm
 
-    from partune.core.scopes import SEScope
-
-    return tvm.ir.load_json(req["module"])[req["function"]], SEScope.from_json(req["scope"])
+    return tvm.ir.load_json(req.module)[req.function]
 
 
-def tune_region(req: dict) -> dict:
+def tune_region(req: TuneRequest) -> TuningReply:
     """Tune one region for an autotuned backend (where it will be measured); its report."""
     from partune.backends import registry
 
-    registry.set_threads(req.get("threads", 1))
-    func, scope = _region(req)
-    return registry.get(req["backend"]).tune_region(func, scope, req["trials"], req["timeout_s"])
+    registry.set_threads(req.threads)
+    report = registry.get(req.backend).tune_region(_region(req), req.scope, req.trials, req.timeout_s)
+    return TuningReply(report)
 
 
-def build_region(req: dict, write: bool = False, info: dict | None = None):
-    """The region function of a region request and its kernel, built by its backend.
+def build_region(req: RegionRequest | BuildRequest, write: bool = False):
+    """The region function of a region (or build) request, its kernel built by its backend,
+    and how the build went (``BuildInfo``: its seconds and what the cache did).
 
     With ``build_cache`` in the request, a backend that can (``caches_builds``) loads what
     a build worker stored (``partune.runners.build_pool``); ``write``: store what is built (build
-    workers). ``info`` receives the build's seconds and what the cache did.
+    workers). The cache entry's key is read from the request's JSON (``build_cache.entry_for``).
     """
     from partune.backends import build_cache, registry
 
-    registry.set_threads(req.get("threads", 1))
-    func, scope = _region(req)
-    backend = registry.get(req["backend"])
-    entry = build_cache.entry_for(req, write) if backend.caches_builds else None
+    registry.set_threads(req.threads)
+    func = _region(req)
+    backend = registry.get(req.backend)
+    entry = build_cache.entry_for(req.to_json(), write) if backend.caches_builds else None
     start = time.perf_counter()
     with build_cache.active(entry):
-        kernel = backend.build_region(func, scope, registry.threads())
-    if info is not None:
-        info |= {"build_s": time.perf_counter() - start,
-                 "cache": entry.describe() if entry is not None else "off"}
-    return func, kernel
+        kernel = backend.build_region(func, req.scope, registry.threads())
+    info = BuildInfo(entry.describe() if entry is not None else "off", time.perf_counter() - start)
+    return func, kernel, info
 
 
-def build_into_cache(req: dict) -> dict:
+def build_into_cache(req: BuildRequest) -> BuildReply:
     """A build worker's request: build a region into the build cache; what happened."""
     from partune.backends import registry
 
-    if not registry.get(req["backend"]).caches_builds:
-        return {"cache": "not cached by this backend"}
-    info: dict = {}
-    build_region(req, write=True, info=info)
-    return info
+    if not registry.get(req.backend).caches_builds:
+        return BuildReply(BuildInfo("not cached by this backend"))
+    return BuildReply(build_region(req, write=True)[2])
 
 
-def measure_region(req: dict, info: dict | None = None) -> Measurement:
-    """Build one region for its backend and time its kernel on the inputs sent (else random ones).
-
-    ``info`` receives how the build went (``build_region``).
-    """
+def measure_region(req: RegionRequest) -> MeasurementReply:
+    """Build one region for its backend and time its kernel on the inputs sent (else random
+    ones); the reply also says how the build went."""
     import tvm
 
     from partune.core.tensors import static_shape, tensor_types
 
-    func, kernel = build_region(req, info=info)
-    if "inputs" in req:  # what the region reads inside the model
-        arrays = [decode_array(a) for a in req["inputs"]]
+    func, kernel, info = build_region(req)
+    if req.inputs is not None:  # what the region reads inside the model
+        arrays = [decode_array(a) for a in req.inputs]
     else:
         rng = np.random.default_rng(0)
         arrays = [random_array(static_shape(p.ty), str(p.ty.dtype), rng) for p in func.params]
     args = [tvm.runtime.tensor(a) for a in arrays]
     outs = [tvm.runtime.tensor(np.empty(static_shape(t), str(t.dtype))) for t in tensor_types(func.ret_ty)]
     every = args + outs
-    return time_callable(lambda: kernel(*every), _protocol(req))
+    return MeasurementReply(time_callable(lambda: kernel(*every), req.protocol), build=info)
 
 
-def measure_plan(req: dict) -> Measurement:
+def measure_plan(req: PlanRequest) -> MeasurementReply:
     """Build a whole model under a plan and time it end to end."""
     import tvm
 
     from partune.backends import registry
     from partune.core.graph import DataflowGraph
-    from partune.core.plan import Plan
     from partune.runners.builder import build_plan
 
-    registry.set_threads(req.get("threads", 1))
-    mod = tvm.ir.load_json(req["module"])
-    plan = Plan.from_json(req["plan"])
+    registry.set_threads(req.threads)
+    mod = tvm.ir.load_json(req.module)
+    plan = req.plan
     graph = DataflowGraph.from_function(mod["main"])
-    inputs = [decode_array(a) for a in req["inputs"]]
-    if req.get("fresh"):
+    inputs = [decode_array(a) for a in req.inputs]
+    if req.fresh:
         _warm_up(plan)
     memory.trim()
     before = memory.resident_bytes()
     run = build_plan(plan, mod, graph).prepare(inputs)
     memory.trim()  # the compilers' freed memory is not the plan's
     reset = memory.reset_peak()
-    m = time_callable(run, _protocol(req))
+    m = time_callable(run, req.protocol)
     peak = memory.peak_bytes()
     footprint = peak - before if reset and peak is not None and before is not None else None
-    return dataclasses.replace(m, peak_bytes=footprint)
+    return MeasurementReply(dataclasses.replace(m, peak_bytes=footprint))
 
 
 def _warm_up(plan) -> None:
@@ -137,7 +145,7 @@ def _warm_up(plan) -> None:
         build_plan(one, mod, graph)([np.ones(1, "float32")])
 
 
-def measure_compare(req: dict) -> dict[str, Measurement]:
+def measure_compare(req: CompareRequest) -> MeasurementsReply:
     """Build plans and peers in this one process, then time them in interleaved rounds.
 
     The fair comparison against the tools a user would pick instead: same process, same
@@ -152,51 +160,53 @@ def measure_compare(req: dict) -> dict[str, Measurement]:
     from partune.runners.peers import make_peer
     from partune.runners.timing import time_interleaved
 
-    registry.set_threads(req.get("threads", 1))
-    mod = tvm.ir.load_json(req["module"])
+    registry.set_threads(req.threads)
+    mod = tvm.ir.load_json(req.module)
     graph = DataflowGraph.from_function(mod["main"])
-    inputs = [decode_array(a) for a in req["inputs"]]
+    inputs = [decode_array(a) for a in req.inputs]
     fns, failed = {}, {}
-    for label, c in req["contenders"].items():
+    for label, c in req.contenders.items():
         try:
-            if c["kind"] == "plan":
-                fns[label] = build_plan(Plan.from_json(c["plan"]), mod, graph).prepare(inputs)
+            if isinstance(c, Plan):
+                fns[label] = build_plan(c, mod, graph).prepare(inputs)
             else:
                 fns[label] = make_peer(c, inputs, registry.threads())
             fns[label]()  # one call outside the clock: lazy initialisation
         except Exception as e:  # noqa: BLE001 - one contender failing must not end the comparison
             fns.pop(label, None)
             failed[label] = Measurement.failed(f"{type(e).__name__}: {last_line(e)}")
-    return time_interleaved(fns, rounds=req.get("rounds", 5)) | failed
+    return MeasurementsReply(time_interleaved(fns, rounds=req.rounds) | failed)
 
 
-# Request kinds besides "region" (``handle`` calls ``measure_region`` itself: it also reports the build).
-HANDLERS = {"plan": measure_plan, "compare": measure_compare, "tune": tune_region, "build": build_into_cache}
+# Every request type and what answers it (a region's reply also says how its build went).
+HANDLERS: dict[type, Callable[[Any], Reply]] = {
+    RegionRequest: measure_region, PlanRequest: measure_plan, CompareRequest: measure_compare,
+    TuneRequest: tune_region, BuildRequest: build_into_cache}
 
 
-def handle(req: dict) -> dict:
-    """One request -> one reply; Python errors become failed measurements.
+def _failure(build: bool, e: Exception) -> Reply:
+    """A Python error in a handler: a build's ``ErrorReply``, else a failed measurement
+    with the traceback (it costs that candidate only)."""
+    why = f"{type(e).__name__}: {last_line(e)}"
+    if build:
+        return ErrorReply(why)
+    return MeasurementReply(Measurement.failed(why), trace=traceback.format_exc()[-2000:])
 
-    A region's reply also says how its build went (``"build"``: seconds, cache outcome);
-    a build request's reply is ``{"build": ...}`` or ``{"error": why}``.
-    """
-    info: dict = {}
+
+def handle(req: Request) -> Reply:
+    """One request -> one reply (``HANDLERS``); Python errors become failed measurements
+    (a build request's: an ``ErrorReply``)."""
     try:
-        m = measure_region(req, info) if req["kind"] == "region" else HANDLERS[req["kind"]](req)
+        return HANDLERS[type(req)](req)
     except Exception as e:  # noqa: BLE001 - any failure costs this candidate only
-        if req["kind"] == "build":
-            return {"error": f"{type(e).__name__}: {last_line(e)}"}
-        m = Measurement.failed(f"{type(e).__name__}: {last_line(e)}")
-        return {"measurement": m.to_json(), "trace": traceback.format_exc()[-2000:]}
-    if req["kind"] == "tune":
-        return {"tuning": m}
-    if req["kind"] == "build":
-        return {"build": m}
-    if isinstance(m, dict):
-        return {"measurements": {label: x.to_json() for label, x in m.items()}}
-    return {"measurement": m.to_json()} | ({"build": info} if info else {})
+        return _failure(isinstance(req, BuildRequest), e)
 
 
 def handle_json(text: str) -> str:
-    """The RPC entry point: JSON in, JSON out."""
-    return json.dumps(handle(json.loads(text)))
+    """The RPC entry point: a request's JSON in, its reply's JSON out."""
+    data = json.loads(text)
+    try:
+        req = request_from_json(data)
+    except Exception as e:  # noqa: BLE001 - a request that cannot be read is answered like a failure
+        return json.dumps(_failure(isinstance(data, dict) and data.get("kind") == "build", e).to_json())
+    return json.dumps(handle(req).to_json())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ from partune.core.scopes import CompilationConfig
 from partune.core.tensors import static_shape, tensor_types
 from partune.runners.build_pool import BuildPool, Lookahead, available_cpus
 from partune.runners.local import LocalRunner
+from partune.runners.protocol import BuildRequest, RegionRequest
+from partune.runners.timing import Protocol
 from partune.runners.worker import handle
 
 CACHED = ["tvm", "onnxruntime", "openvino"]
@@ -42,12 +45,11 @@ def scope_of(backend: str):
     return CompilationConfig.for_cpu(["tvm", backend] if backend != "tvm" else ["tvm"], 1).scope_for(backend)
 
 
-def request(backend: str, cache: str | None = None, func: relax.Function | None = None) -> dict:
+def request(backend: str, cache: str | None = None, func: relax.Function | None = None) -> RegionRequest:
     func = func or conv_region()
-    req = {"kind": "region", "backend": backend, "scope": scope_of(backend).to_json(),
-           "module": tvm.ir.save_json(tvm.IRModule({"region": func})), "function": "region",
-           "protocol": {"warmup": 1, "warmup_ms": 1.0, "repeat": 2, "min_repeat_ms": 1.0}}
-    return req | ({"build_cache": cache} if cache else {})
+    return RegionRequest(backend, scope_of(backend), tvm.ir.save_json(tvm.IRModule({"region": func})),
+                         "region", Protocol(warmup=1, warmup_ms=1.0, repeat=2, min_repeat_ms=1.0),
+                         build_cache=cache)
 
 
 def run(kernel, func: relax.Function) -> list[np.ndarray]:
@@ -57,9 +59,9 @@ def run(kernel, func: relax.Function) -> list[np.ndarray]:
     return [o.numpy() for o in outs]
 
 
-def build(backend: str, req: dict, write: bool) -> tuple[object, build_cache.Entry]:
-    func = tvm.ir.load_json(req["module"])["region"]
-    entry = build_cache.entry_for(req, write)
+def build(backend: str, req: RegionRequest, write: bool) -> tuple[object, build_cache.Entry]:
+    func = tvm.ir.load_json(req.module)["region"]
+    entry = build_cache.entry_for(req.to_json(), write)
     with build_cache.active(entry):
         kernel = registry.get(backend).build_region(func, scope_of(backend), 1)
     return kernel, entry
@@ -78,10 +80,10 @@ def test_second_build_is_loaded_from_the_cache(tmp_path, backend):
         for a, b in zip(got, reference, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     assert os.path.isdir(entry.path)
-    _, once = build(backend, req | {"build_cache_once": True}, write=False)
+    _, once = build(backend, replace(req, build_cache_once=True), write=False)
     assert once.hit and not os.path.exists(entry.path)  # read once: removed
     # Other threads or another region: another entry.
-    assert build(backend, req | {"threads": 2}, write=False)[1].key != entry.key
+    assert build(backend, replace(req, threads=2), write=False)[1].key != entry.key
     assert not build(backend, request(backend, str(tmp_path), func.with_attr("x", "y")), False)[1].hit
 
 
@@ -111,12 +113,12 @@ def test_a_damaged_entry_is_a_miss_not_a_failure(tmp_path, backend, damage):
 
 def test_the_worker_reports_what_the_cache_did(tmp_path):
     req = request("onnxruntime", str(tmp_path))
-    assert handle(req)["build"]["cache"] == "miss"
-    assert handle(req | {"kind": "build"})["build"]["cache"] == "stored"
+    assert handle(req).build.cache == "miss"
+    assert handle(BuildRequest.of(req, str(tmp_path))).build.cache == "stored"
     reply = handle(req)
-    assert reply["build"]["cache"] == "hit" and reply["measurement"]["error"] is None
-    assert handle(request("onnxruntime"))["build"]["cache"] == "off"  # no cache named
-    assert handle(request("torch", str(tmp_path)) | {"kind": "build"})["build"]["cache"].startswith("not cached")
+    assert reply.build.cache == "hit" and reply.measurement.error is None
+    assert handle(request("onnxruntime")).build.cache == "off"  # no cache named
+    assert handle(BuildRequest.of(request("torch"), str(tmp_path))).build.cache.startswith("not cached")
 
 
 class BuildCrashBackend(TvmBackend):
@@ -154,9 +156,9 @@ def test_the_pool_builds_ahead_and_survives_a_crashing_build(tmp_path, buildcras
         assert pool.wait(third, 120)  # ... and was replaced
         assert pool.stats["stored"] == 2 and pool.stats["failed"] == 1, (pool.stats, pool.errors)
         assert "crashed" in pool.errors[0]
-        replies = [runner.exchange(r | {"build_cache": cache}) for r in (good, crash, third)]
-        assert [r["build"]["cache"] for r in replies] == ["hit", "miss", "hit"]
-        assert all(r["measurement"]["error"] is None for r in replies)  # the measurer built it itself
+        replies = [runner.exchange(replace(r, build_cache=cache)) for r in (good, crash, third)]
+        assert [r.build.cache for r in replies] == ["hit", "miss", "hit"]
+        assert all(r.measurement.error is None for r in replies)  # the measurer built it itself
         assert not pool.wait(request("tvm"), 1)  # never queued: at once
 
 
@@ -166,11 +168,11 @@ def test_waiting_for_a_queued_request_takes_it_back(tmp_path):
         with pool._cond:  # queued without waking the worker: nothing is started
             reqs = [request("onnxruntime", func=conv_region().with_attr("i", str(i))) for i in range(3)]
             for r in reqs:
-                key = build_cache.request_key(r)
+                key = build_cache.request_key(r.to_json())
                 pool._state[key], pool._pending[key] = "queued", r
                 pool._queue.append(key)
             assert not pool.wait(reqs[1], 10)
-            assert list(pool._queue) == [build_cache.request_key(reqs[2])]
+            assert list(pool._queue) == [build_cache.request_key(reqs[2].to_json())]
             assert pool.stats["taken back"] == 2
     finally:
         pool.close()

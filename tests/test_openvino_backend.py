@@ -355,8 +355,8 @@ def test_region_measures_in_the_worker() -> None:
     req = region_request(model.mod, model.graph, tuple(range(6)), CONFIG.scope_for("openvino"),
                          {"warmup": 1, "warmup_ms": 1.0, "repeat": 2, "min_repeat_ms": 1.0})
     reply = handle(req)
-    assert reply["measurement"]["error"] is None, reply.get("trace")
-    assert 0 < reply["measurement"]["median_s"] < 1
+    assert reply.measurement.error is None, reply.trace
+    assert 0 < reply.measurement.median_s < 1
 
 
 def _scale(model) -> float:

@@ -54,11 +54,11 @@ def test_capture_returns_every_intermediate_value():
 def test_random_inputs_read_out_of_bounds_real_ones_do_not():
     m = _Model()
     scope = CompilationConfig.for_cpu(["onnxruntime"]).scope_for("onnxruntime")
-    random = handle(region_request(m.mod, m.graph, (2, 3), scope))["measurement"]
-    assert random["error"] is not None and "out of" in random["error"]  # the failure this prevents
+    random = handle(region_request(m.mod, m.graph, (2, 3), scope)).measurement
+    assert random.error is not None and "out of" in random.error  # the failure this prevents
     values = capture_values(m.mod, m.graph, m.inputs, ["onnxruntime"])
-    real = handle(region_request(m.mod, m.graph, (2, 3), scope, values=values))["measurement"]
-    assert real["error"] is None, real
+    real = handle(region_request(m.mod, m.graph, (2, 3), scope, values=values)).measurement
+    assert real.error is None, real
 
 
 def test_search_over_an_embedding_gather_has_no_failed_candidate(tmp_path):

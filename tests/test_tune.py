@@ -182,7 +182,7 @@ def test_tvm_region_builds_with_a_tuning_database(tmp_path, monkeypatch):
         g = DataflowGraph.from_function(Chain["main"])
         req = region_request(Chain, g, (0, 1, 2), CompilationConfig.for_cpu(["tvm"]).scope_for("tvm"))
         reply = handle(req)
-        assert reply["measurement"]["error"] is None, reply
+        assert reply.measurement.error is None, reply
         assert registry.get("tvm").database_dir == str(tmp_path)
     finally:  # monkeypatch unsets the variable at teardown; the next instance reads no database
         registry.register("tvm", "partune.backends.tvm_backend:TvmBackend")

@@ -1,0 +1,222 @@
+"""The typed protocol between the search and the measuring processes.
+
+Every request and reply round-trips exactly through ``to_json``/``from_json`` (the RPC path's
+JSON text), every request kind is answered through ``handle_json`` (the RPC entry), the Runner
+reads replies by their type, and a region's build-cache key is the one the dict requests had.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+
+import numpy as np
+import pytest
+import tvm
+
+from partune.backends import build_cache, registry
+from partune.backends.tvm_backend import TvmBackend
+from partune.core import partition
+from partune.core.graph import DataflowGraph, main_bindings
+from partune.core.plan import single_backend_plan
+from partune.core.scopes import CompilationConfig
+from partune.runners.builder import (
+    compare_request,
+    overhead_request,
+    plan_request,
+    region_request,
+    tune_request,
+)
+from partune.runners.protocol import (
+    BuildInfo,
+    BuildReply,
+    BuildRequest,
+    CompareRequest,
+    ErrorReply,
+    MeasurementReply,
+    MeasurementsReply,
+    PlanRequest,
+    ProtocolError,
+    RegionRequest,
+    TuneRequest,
+    TuningReply,
+    reply_from_json,
+    request_from_json,
+)
+from partune.runners.runner import Runner
+from partune.runners.timing import Measurement, Protocol
+from partune.runners.worker import handle, handle_json
+from tests.graphs import Diamond
+
+FAST = {"warmup": 1, "warmup_ms": 1.0, "repeat": 2, "min_repeat_ms": 1.0}
+GRAPH = DataflowGraph.from_function(Diamond["main"])
+CONFIG = CompilationConfig.for_cpu(["tvm", "onnxruntime"], 1)
+INPUTS = [np.random.default_rng(0).standard_normal((4, 4)).astype("float32")]
+REPORT = {"trials_run": 0, "timed_out": False, "tasks": []}
+
+
+class TuneReportBackend(TvmBackend):
+    """TVM whose tuning reports at once (a TuningReply without MetaSchedule)."""
+
+    name = "tunereport"
+
+    def tune_region(self, func, scope, trials, timeout_s):
+        return REPORT | {"trials": trials}
+
+
+@pytest.fixture
+def tunereport():
+    registry.register("tunereport", "tests.test_protocol:TuneReportBackend")
+    yield CompilationConfig.for_cpu(["tunereport"], 1).scope_for("tunereport")
+    registry.unregister("tunereport")
+
+
+def requests(cache: str = "/tmp/cache") -> list:
+    """One of each request kind, as the builder makes them (optional fields set and not)."""
+    tvm_scope, ort_scope = CONFIG.scope_for("tvm"), CONFIG.scope_for("onnxruntime")
+    values = {b.var: INPUTS[0] for b in Diamond["main"].body.blocks[0].bindings} | {
+        Diamond["main"].params[0]: INPUTS[0]}
+    plan = single_backend_plan("diamond", GRAPH, CONFIG, "onnxruntime", {0, 1})
+    region = region_request(Diamond, GRAPH, (0, 1), tvm_scope, FAST)
+    peers = {"onnxruntime (export)": {"kind": "unavailable", "why": "no export"}}
+    return [region, replace(region, threads=2),
+            region_request(Diamond, GRAPH, (1, 2, 3), ort_scope, FAST, values, build_cache=cache),
+            overhead_request(tvm_scope), tune_request(Diamond, GRAPH, (0,), tvm_scope, 8, 30.0),
+            plan_request(tvm.ir.save_json(Diamond), plan, INPUTS, FAST, fresh=True),
+            compare_request(tvm.ir.save_json(Diamond), {"partune": plan}, peers, INPUTS, rounds=1),
+            BuildRequest.of(region, cache)]
+
+
+def replies() -> list:
+    m = Measurement(1e-4, 1e-6, 1e-4, 7, 10, load=0.5, best_s=9e-5, peak_bytes=1 << 20)
+    failed = Measurement.failed("RuntimeError: no")
+    return [MeasurementReply(m), MeasurementReply(m, BuildInfo("hit", 0.25)),
+            MeasurementReply(failed, trace="Traceback ..."),
+            MeasurementsReply({"a": m, "b": failed}), TuningReply(REPORT),
+            BuildReply(BuildInfo("stored", 1.5)), BuildReply(BuildInfo("not cached by this backend")),
+            ErrorReply("worker crashed (signal SIGSEGV)")]
+
+
+def _through_text(message: dict) -> dict:
+    return json.loads(json.dumps(message))
+
+
+@pytest.mark.parametrize("index", range(len(requests())))
+def test_every_request_round_trips_through_json(index):
+    req = requests()[index]
+    data = req.to_json()
+    assert data["kind"] == req.kind and _through_text(data) == data  # JSON as it is
+    back = request_from_json(_through_text(data))
+    assert type(back) is type(req) and back == req and back.to_json() == data
+
+
+@pytest.mark.parametrize("index", range(len(replies())))
+def test_every_reply_round_trips_through_json(index):
+    reply = replies()[index]
+    data = reply.to_json()
+    back = reply_from_json(_through_text(data))
+    assert type(back) is type(reply) and back == reply and back.to_json() == data
+
+
+def test_every_kind_is_covered_and_the_wrong_kind_is_refused():
+    assert {type(r) for r in requests()} == {RegionRequest, TuneRequest, PlanRequest, CompareRequest,
+                                             BuildRequest}
+    assert len({type(r) for r in replies()}) == 5
+    with pytest.raises(ProtocolError):
+        request_from_json({"kind": "nonsense"})
+    with pytest.raises(ProtocolError):
+        RegionRequest.from_json(requests()[4].to_json())  # a tune request is not a region request
+    with pytest.raises(ProtocolError):
+        reply_from_json({"kind": "measurement", "measurement": {}, "surprise": 1})
+
+
+def _dict_request(mod, graph, nodes, scope, protocol, cache) -> dict:
+    """A region request as the dict protocol made it (``region_request`` before the types)."""
+    bindings = main_bindings(mod["main"])
+    exits = [bindings[n].var for n in partition.region_exits(graph, set(nodes))]
+    func, _, _ = partition.lift_region([bindings[n] for n in sorted(nodes)], exits, "region", {})
+    return {"kind": "region", "backend": scope.backend, "scope": scope.to_json(),
+            "module": tvm.ir.save_json(tvm.IRModule({"region": func})), "function": "region",
+            "protocol": protocol, "build_cache": cache}
+
+
+@pytest.mark.parametrize("backend", ["tvm", "onnxruntime"])
+def test_the_build_cache_key_is_the_one_of_the_dict_requests(backend):
+    """The key hashes the same fields the dict requests carried: entries stay valid."""
+    scope = CONFIG.scope_for(backend)
+    req = region_request(Diamond, GRAPH, (1, 2), scope, FAST, build_cache="/tmp/c")
+    old = _dict_request(Diamond, GRAPH, (1, 2), scope, FAST, "/tmp/c")
+    key = build_cache.request_key(old)
+    assert build_cache.request_key(req.to_json()) == key
+    assert build_cache.request_key(BuildRequest.of(req, "/tmp/c").to_json()) == key  # the pool's build
+    for threads in (1, 3):
+        assert (build_cache.entry_for(replace(req, threads=threads).to_json(), False).key
+                == build_cache.entry_for(old | {"threads": threads}, False).key)
+    new = req.to_json()
+    assert {k: new[k] for k in old if k != "protocol"} == {k: v for k, v in old.items() if k != "protocol"}
+    assert new["protocol"] == asdict(Protocol(**FAST))
+
+
+def _answer(req):
+    """``req`` answered through the RPC entry (JSON text both ways)."""
+    return reply_from_json(json.loads(handle_json(json.dumps(req.to_json()))))
+
+
+def test_every_request_kind_through_handle_json(tmp_path, tunereport):
+    cache = str(tmp_path)
+    region, _, captured, overhead, _, plan, compare, build = requests(cache)
+    for req in (region, captured, overhead):
+        reply = _answer(req)
+        assert isinstance(reply, MeasurementReply) and reply.measurement.ok, reply
+        assert reply.build is not None and reply.build.build_s is not None
+    assert _answer(captured).build.cache == "miss"
+    assert _answer(BuildRequest.of(captured, cache)).build.cache == "stored"
+    assert _answer(captured).build.cache == "hit"
+    reply = _answer(plan)
+    assert isinstance(reply, MeasurementReply) and reply.measurement.ok, reply
+    reply = _answer(compare)
+    assert isinstance(reply, MeasurementsReply) and list(reply.measurements) == list(compare.contenders)
+    assert reply.measurements["partune"].ok and "no export" in reply.measurements["onnxruntime (export)"].error
+    tune = tune_request(Diamond, GRAPH, (0,), tunereport, 8, 30.0)
+    assert _answer(tune) == TuningReply(REPORT | {"trials": 8}) == handle(tune)
+    assert _answer(build).build.cache == "stored"
+    assert _answer(replace(build, backend="torch")) == BuildReply(BuildInfo("not cached by this backend"))
+
+
+def test_python_errors_become_failed_measurements_or_error_replies():
+    region = requests()[0]
+    for reply in (handle(replace(region, backend="nope")), _answer(replace(region, backend="nope"))):
+        assert isinstance(reply, MeasurementReply) and "nope" in reply.measurement.error
+        assert reply.trace and "Traceback" in reply.trace
+    failed = _answer(tune_request(Diamond, GRAPH, (0,), CONFIG.scope_for("tvm"), 8, 30.0))
+    assert isinstance(failed, MeasurementReply) and "nothing to tune" in failed.measurement.error
+    assert isinstance(_answer(replace(requests()[-1], backend="nope")), ErrorReply)
+    unreadable = reply_from_json(json.loads(handle_json(json.dumps({"kind": "nonsense"}))))
+    assert isinstance(unreadable, MeasurementReply) and "nonsense" in unreadable.measurement.error
+    assert isinstance(reply_from_json(json.loads(handle_json(json.dumps({"kind": "build"})))), ErrorReply)
+
+
+class Scripted(Runner):
+    """A runner whose worker answers with the replies it is given."""
+
+    def __init__(self, *answers) -> None:
+        self.answers = list(answers)
+
+    def exchange(self, request, timeout_s=None):
+        return self.answers.pop(0)
+
+
+def test_the_runner_reads_replies_by_type():
+    ok = Measurement(1e-4, 0.0, 1e-4, 1, 1)
+    region, compare, tune = requests()[0], requests()[6], requests()[4]
+    assert Scripted(MeasurementReply(ok, BuildInfo("off", 0.1))).run(region) == ok
+    assert Scripted(ErrorReply("timed out after 3 s")).run(region).error == "timed out after 3 s"
+    labels = list(compare.contenders)
+    assert Scripted(MeasurementsReply({"x": ok})).compare(compare) == {"x": ok}
+    for why, reply in (("worker crashed", ErrorReply("worker crashed")),
+                       ("ValueError: v", MeasurementReply(Measurement.failed("ValueError: v")))):
+        got = Scripted(reply).compare(compare)
+        assert list(got) == labels and all(m.error == why for m in got.values())
+    assert Scripted(TuningReply(REPORT)).tune(tune, 10) == REPORT
+    assert Scripted(ErrorReply("rpc: gone")).tune(tune, 10) == {"error": "rpc: gone"}
+    assert Scripted(MeasurementReply(Measurement.failed("E: x"))).tune(tune, 10) == {"error": "E: x"}
