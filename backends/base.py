@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     from tvm import relax
 
+    from partune.backends.settings import Settings
     from partune.core.scopes import SEScope
 
 
@@ -82,6 +83,9 @@ class Backend(ABC):
 
     def set_threads(self, threads: int) -> None:  # noqa: B027 - optional hook
         """Apply the process-wide thread count to this backend's library."""
+
+    def configure(self, settings: Settings) -> None:  # noqa: B027 - optional hook
+        """Read the settings this backend uses (``partune.backends.settings``)."""
 
     def tune_region(self, func: relax.Function, scope: SEScope, trials: int, timeout_s: float) -> dict:
         """Tune ``func`` for ``scope`` before it is built (``autotuned`` backends only).

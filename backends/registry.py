@@ -7,9 +7,10 @@ lazily, the first time a backend is asked for by name.
 from __future__ import annotations
 
 import importlib
-import os
+from dataclasses import replace
 
 from partune.backends.base import Backend
+from partune.backends.settings import Settings
 
 _BACKENDS: dict[str, str] = {
     "tvm": "partune.backends.tvm_backend:TvmBackend",
@@ -20,14 +21,9 @@ _BACKENDS: dict[str, str] = {
 }
 NATIVE = "tvm"
 
-# Extra backends, e.g. test-only ones, as "name=module:Class,...": read here so that
-# worker processes and RPC servers see the same registry as the process that started them.
-for _spec in filter(None, os.environ.get("PARTUNE_EXTRA_BACKENDS", "").split(",")):
-    _name, _, _target = _spec.partition("=")
-    _BACKENDS[_name.strip()] = _target.strip()
-
 _instances: dict[str, Backend] = {}
 _threads = {"n": 1}
+_settings = {"now": Settings()}
 
 
 class UnknownBackendError(KeyError):
@@ -47,15 +43,38 @@ def default_names() -> list[str]:
 
 
 def register(name: str, target: str) -> None:
-    """Register a backend class by ``module:Class`` path (used for test-only backends)."""
-    _BACKENDS[name] = target
+    """Register a backend class by ``module:Class`` path (used for test-only backends).
+
+    It joins the settings, so the workers and RPC servers measuring for this process
+    know it too."""
+    extra = tuple(e for e in _settings["now"].extra_backends if e[0] != name) + ((name, target),)
+    configure(replace(_settings["now"], extra_backends=extra))
     _instances.pop(name, None)
 
 
 def unregister(name: str) -> None:
     """Forget a backend registered with ``register``."""
+    extra = tuple(e for e in _settings["now"].extra_backends if e[0] != name)
+    configure(replace(_settings["now"], extra_backends=extra))
     _BACKENDS.pop(name, None)
     _instances.pop(name, None)
+
+
+def configure(settings: Settings) -> None:
+    """Use ``settings`` from now on (a no-op when they are the ones in use): extra backends
+    are registered, and every backend built so far reads them again."""
+    if settings == _settings["now"]:
+        return
+    _settings["now"] = settings
+    for name, target in settings.extra_backends:
+        _BACKENDS[name] = target
+    for backend in _instances.values():
+        backend.configure(settings)
+
+
+def settings() -> Settings:
+    """The settings in use (runners copy them into every request)."""
+    return _settings["now"]
 
 
 def get(name: str) -> Backend:
@@ -64,6 +83,7 @@ def get(name: str) -> Backend:
     if name not in _instances:
         module, cls = _BACKENDS[name].split(":")
         backend = getattr(importlib.import_module(module), cls)()
+        backend.configure(_settings["now"])
         backend.set_threads(_threads["n"])
         _instances[name] = backend
     return _instances[name]

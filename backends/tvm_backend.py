@@ -18,6 +18,7 @@ from partune.backends import build_cache
 from partune.backends.base import Backend, FusionStyle, Level, RegionKernel
 
 if TYPE_CHECKING:
+    from partune.backends.settings import Settings
     from partune.core.scopes import SEScope
 
 
@@ -168,8 +169,11 @@ class TvmBackend(Backend):
     caches_builds = True
 
     def __init__(self, database_dir: str | None = None) -> None:
-        # The environment carries the setting into worker processes and RPC servers.
-        self.database_dir = database_dir or os.environ.get("PARTUNE_TVM_DATABASE") or None
+        self.database_dir = database_dir
+
+    def configure(self, settings: Settings) -> None:
+        """``--tvm-database``: the MetaSchedule records every build applies."""
+        self.database_dir = settings.tvm_database
 
     def accepts(self, binding: relax.Binding) -> bool:
         return True  # every Relax op has a legalisation

@@ -8,13 +8,12 @@ decide, so tuned TVM is a separate backend: the search tunes a region
 Its regions are offloaded through BYOC like a graph compiler's: each region is built as
 its own module (as ``TvmBackend.build_region`` does) with the tuning database applied.
 Tasks without records keep TVM's default schedules, so every region still builds. The
-database directory comes from ``PARTUNE_TUNING_DATABASE``, read at construction: the
-environment carries it into worker processes and RPC servers.
+database directory is a setting (``Settings.tuning_database``, beside the store by
+default), which every request carries into worker processes and RPC servers.
 """
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from tvm import relax
@@ -23,9 +22,8 @@ from partune.backends.base import Backend, BackendError, FusionStyle, Level, Reg
 from partune.backends.tvm_backend import build_region_kernel, set_tvm_threads
 
 if TYPE_CHECKING:
+    from partune.backends.settings import Settings
     from partune.core.scopes import SEScope
-
-ENV = "PARTUNE_TUNING_DATABASE"
 
 
 class TunedTvmBackend(Backend):
@@ -41,7 +39,17 @@ class TunedTvmBackend(Backend):
 
     def __init__(self, database_dir: str | None = None) -> None:
         # Not an error yet when unset: listing the backends must not fail.
-        self.database_dir = database_dir or os.environ.get(ENV) or None
+        self.database_dir = database_dir
+
+    def configure(self, settings: Settings) -> None:
+        self.database_dir = settings.tuning_database
+
+    def database(self) -> str:
+        """The tuning database directory; a clear error when none was given."""
+        if not self.database_dir:
+            raise BackendError(f"{self.name} needs a tuning database: Settings.tuning_database "
+                               "(`partune tune` puts it beside the store)")
+        return self.database_dir
 
     @property
     def codegen(self) -> None:
@@ -57,9 +65,7 @@ class TunedTvmBackend(Backend):
         from partune.backends.tvm_tuning import tuning_target
         from partune.backends.tvm_tuning_database import database_path, open_snapshot
 
-        if not self.database_dir:
-            raise BackendError(f"{self.name} needs a tuning database: set {ENV} to its directory")
-        return compile_module(mod, target, open_snapshot(database_path(self.database_dir, tuning_target(target))))
+        return compile_module(mod, target, open_snapshot(database_path(self.database(), tuning_target(target))))
 
     def accepts(self, binding: relax.Binding) -> bool:
         return True  # every Relax op has a legalisation
@@ -72,10 +78,8 @@ class TunedTvmBackend(Backend):
         from partune.backends.tvm_tuning import tune_region
         from partune.backends.tvm_tuning_database import TuningError
 
-        if not self.database_dir:
-            raise BackendError(f"{self.name} needs a tuning database: set {ENV} to its directory")
         try:
-            report = tune_region(func, scope.tvm_target(), self.database_dir, trials, timeout_s, isolate=True)
+            report = tune_region(func, scope.tvm_target(), self.database(), trials, timeout_s, isolate=True)
         except TuningError as e:
             raise BackendError(str(e)) from e
         return report.to_json()
@@ -85,14 +89,12 @@ class TunedTvmBackend(Backend):
         from partune.backends.tvm_tuning import tuning_target
         from partune.backends.tvm_tuning_database import database_path, open_snapshot
 
-        if not self.database_dir:
-            raise BackendError(f"{self.name} needs a tuning database: set {ENV} to its directory")
         if scope.device_type not in (None, *self.device_types):
             raise BackendError(f"{self.name} runs on {'/'.join(self.device_types)}, "
                                f"not {scope.device_type}")
         self.set_threads(threads)
         # The same directory tune_region wrote for this target (num-cores defaulted alike).
-        path = database_path(self.database_dir, tuning_target(scope.tvm_target()))
+        path = database_path(self.database(), tuning_target(scope.tvm_target()))
         try:
             database = open_snapshot(path)
         except Exception as e:  # noqa: BLE001 - a damaged database is this backend's failure

@@ -5,8 +5,8 @@ default schedules): same partitioning, same libraries, only the schedules differ
 are built and timed in this process, in interleaved rounds, with onnxruntime on the
 model's ONNX export beside them, and written to experiments/results/tuned_plan.md.
 
-    PARTUNE_TUNING_DATABASE=experiments/results/measurements.tuning \\
-        python experiments/bench_tuned_plan.py gpt2-small experiments/results/gpt2-small.tuned.plan.json
+    python experiments/bench_tuned_plan.py gpt2-small experiments/results/gpt2-small.tuned.plan.json \\
+        --tuning-database experiments/results/measurements.tuning
 """
 
 from __future__ import annotations
@@ -34,8 +34,13 @@ def main() -> int:
     p.add_argument("model", help="zoo name")
     p.add_argument("plan", help="a plan JSON with tvm-tuned regions")
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--tuning-database", required=True, help="the tvm-tuned records the plan was tuned into")
     args = p.parse_args()
 
+    from partune.backends import registry
+    from partune.backends.settings import Settings
+
+    registry.configure(Settings(tuning_database=str(Path(args.tuning_database).resolve())))
     from partune.core.plan import Plan
     from partune.models import load
     from partune.runners.builder import build_plan

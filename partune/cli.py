@@ -191,7 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         if not os.path.isdir(args.tvm_database):
             print(f"partune: error: --tvm-database {args.tvm_database} is not a directory", file=sys.stderr)
             return EXIT_USAGE
-        os.environ["PARTUNE_TVM_DATABASE"] = os.path.abspath(args.tvm_database)
+        from dataclasses import replace
+
+        from partune.backends import registry
+
+        registry.configure(replace(registry.settings(), tvm_database=os.path.abspath(args.tvm_database)))
     setup_threads(args.threads)
     try:
         return args.func(args)

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import replace
 
 from partune.runners.protocol import ErrorReply, PlanRequest, Reply, Request
 from partune.runners.runner import Runner
@@ -103,7 +102,7 @@ class LocalRunner(Runner):
         return b"".join(chunks)
 
     def exchange(self, request: Request, timeout_s: float | None = None) -> Reply:
-        request = replace(request, threads=self.threads)
+        request = self.addressed(request)
         if isinstance(request, PlanRequest) and request.fresh:
             self.close()  # a new worker: nothing an earlier request left behind counts
         data = pickle.dumps(request)

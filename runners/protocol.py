@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
+from partune.backends.settings import Settings
 from partune.core.plan import Plan
 from partune.core.scopes import SEScope
 from partune.runners.timing import Measurement, Protocol
@@ -59,6 +60,7 @@ _SCOPE: _Codec = (SEScope.to_json, SEScope.from_json)
 _PROTOCOL: _Codec = (asdict, lambda d: Protocol(**d))
 _ARRAYS: _Codec = (list, tuple)  # base64 .npy texts (``encode_array``)
 _PLAN: _Codec = (Plan.to_json, Plan.from_json)
+_SETTINGS: _Codec = (Settings.to_json, Settings.from_json)
 _MEASUREMENT: _Codec = (Measurement.to_json, lambda d: Measurement(**d))
 _MEASUREMENTS: _Codec = (lambda ms: {label: m.to_json() for label, m in ms.items()},
                          lambda d: {label: Measurement(**m) for label, m in d.items()})
@@ -108,11 +110,12 @@ class RegionRequest(_Message):
 
     ``inputs``: what the region reads inside the model (else the worker draws random ones).
     ``build_cache``: a directory where a build pool may have built it (``build_cache_once``:
-    remove the entry once loaded). ``threads`` is set by the runner.
+    remove the entry once loaded). ``threads`` and ``settings`` are set by the runner.
     """
 
     kind: ClassVar[str] = "region"
-    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "protocol": _PROTOCOL, "inputs": _ARRAYS}
+    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "protocol": _PROTOCOL, "inputs": _ARRAYS,
+                                            "settings": _SETTINGS}
     backend: str
     scope: SEScope
     module: str
@@ -122,6 +125,7 @@ class RegionRequest(_Message):
     build_cache: str | None = None
     build_cache_once: bool = False
     threads: int = 1
+    settings: Settings | None = None  # None: as the process that handles it has them
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ class TuneRequest(_Message):
     """Tune one region for its (autotuned) backend, where it will be measured."""
 
     kind: ClassVar[str] = "tune"
-    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE}
+    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "settings": _SETTINGS}
     backend: str
     scope: SEScope
     module: str
@@ -137,6 +141,7 @@ class TuneRequest(_Message):
     trials: int
     timeout_s: float
     threads: int = 1
+    settings: Settings | None = None  # None: as the process that handles it has them
 
 
 @dataclass(frozen=True)
@@ -147,13 +152,15 @@ class PlanRequest(_Message):
     """
 
     kind: ClassVar[str] = "plan"
-    _codecs: ClassVar[dict[str, _Codec]] = {"plan": _PLAN, "inputs": _ARRAYS, "protocol": _PROTOCOL}
+    _codecs: ClassVar[dict[str, _Codec]] = {"plan": _PLAN, "inputs": _ARRAYS, "protocol": _PROTOCOL,
+                                            "settings": _SETTINGS}
     module: str
     plan: Plan
     inputs: tuple[str, ...]
     protocol: Protocol = field(default_factory=Protocol)
     fresh: bool = False
     threads: int = 1
+    settings: Settings | None = None  # None: as the process that handles it has them
 
 
 @dataclass(frozen=True)
@@ -161,12 +168,13 @@ class CompareRequest(_Message):
     """Time contenders in one process, interleaved: plans, and peers (``partune.runners.peers`` specs)."""
 
     kind: ClassVar[str] = "compare"
-    _codecs: ClassVar[dict[str, _Codec]] = {"contenders": _CONTENDERS, "inputs": _ARRAYS}
+    _codecs: ClassVar[dict[str, _Codec]] = {"contenders": _CONTENDERS, "inputs": _ARRAYS, "settings": _SETTINGS}
     module: str
     contenders: dict[str, Plan | dict[str, Any]]
     inputs: tuple[str, ...]
     rounds: int = 5
     threads: int = 1
+    settings: Settings | None = None  # None: as the process that handles it has them
 
 
 @dataclass(frozen=True)
@@ -174,13 +182,14 @@ class BuildRequest(_Message):
     """Build a region into ``build_cache`` (a build pool's worker); nothing is timed."""
 
     kind: ClassVar[str] = "build"
-    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE}
+    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "settings": _SETTINGS}
     backend: str
     scope: SEScope
     module: str
     function: str
     build_cache: str
     threads: int = 1
+    settings: Settings | None = None  # None: as the process that handles it has them
 
     @classmethod
     def of(cls, region: RegionRequest, build_cache: str) -> BuildRequest:

@@ -11,7 +11,6 @@ import json
 import signal
 import socket
 import time
-from dataclasses import replace
 
 from partune.core.errors import PartuneError, last_line
 from partune.runners.protocol import ErrorReply, Reply, Request, reply_from_json
@@ -46,7 +45,7 @@ class RPCRunner(Runner):
 
     def exchange(self, request: Request, timeout_s: float | None = None) -> Reply:
         """The request as JSON text through the server's ``handle_json``; its reply read back."""
-        request = replace(request, threads=self.threads)
+        request = self.addressed(request)
         try:
             sess = self._tracker.request(self.key, priority=1, session_timeout=timeout_s or self.timeout_s)
             return reply_from_json(json.loads(sess.get_function(MEASURE_FUNC)(json.dumps(request.to_json()))))

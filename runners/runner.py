@@ -9,8 +9,10 @@ through a TVM RPC tracker. Replies are read by their type.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Any
 
+from partune.backends import registry
 from partune.runners.protocol import (
     CompareRequest,
     MeasurementReply,
@@ -26,6 +28,12 @@ from partune.runners.timing import Measurement
 
 class Runner(ABC):
     timeout_s: float = 120.0
+    threads: int = 1
+
+    def addressed(self, request: Request) -> Request:
+        """``request`` as this runner sends it: with its thread count and this process's
+        settings (``partune.backends.settings``), so the worker builds as the search would."""
+        return replace(request, threads=self.threads, settings=registry.settings())
 
     @abstractmethod
     def exchange(self, request: Request, timeout_s: float | None = None) -> Reply:

@@ -197,6 +197,10 @@ def handle(req: Request) -> Reply:
     """One request -> one reply (``HANDLERS``); Python errors become failed measurements
     (a build request's: an ``ErrorReply``)."""
     try:
+        if req.settings is not None:  # what the search process has (``Runner.addressed``)
+            from partune.backends import registry
+
+            registry.configure(req.settings)
         return HANDLERS[type(req)](req)
     except Exception as e:  # noqa: BLE001 - any failure costs this candidate only
         return _failure(isinstance(req, BuildRequest), e)

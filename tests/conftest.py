@@ -30,3 +30,19 @@ def bert():
 @pytest.fixture(scope="session")
 def resnet():
     return load_model("resnet50-small")
+
+
+@pytest.fixture
+def backend_settings():
+    """Change the backends' settings (``partune.backends.settings``) for one test; restored after."""
+    from dataclasses import replace
+
+    from partune.backends import registry
+
+    before = registry.settings()
+
+    def change(**values) -> None:
+        registry.configure(replace(registry.settings(), **values))
+
+    yield change
+    registry.configure(before)

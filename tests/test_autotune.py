@@ -81,8 +81,8 @@ def _matmul_model(n: int = 256):
     return Model()
 
 
-def test_a_tuned_region_wins_the_dp_and_a_rerun_tunes_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv("PARTUNE_TUNING_DATABASE", str(tmp_path / "tuning"))
+def test_a_tuned_region_wins_the_dp_and_a_rerun_tunes_nothing(tmp_path, backend_settings):
+    backend_settings(tuning_database=str(tmp_path / "tuning"))
     model = _matmul_model()
     store = MeasurementStore(f"sqlite:///{tmp_path / 'm.db'}", "test-device")
     with LocalRunner(timeout_s=300) as runner:

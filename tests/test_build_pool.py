@@ -135,7 +135,6 @@ class BuildCrashBackend(TvmBackend):
 
 @pytest.fixture
 def buildcrash(monkeypatch):
-    monkeypatch.setenv("PARTUNE_EXTRA_BACKENDS", "buildcrash=tests.test_build_pool:BuildCrashBackend")
     registry.register("buildcrash", "tests.test_build_pool:BuildCrashBackend")
     yield
     registry.unregister("buildcrash")

@@ -88,17 +88,12 @@ def test_bench_prints_a_ratio_table(capsys, tmp_path):
     assert min(ratios) == 1.0 and all(r >= 1.0 for r in ratios)
 
 
-def test_tvm_database_is_handed_to_the_tvm_backend(capsys, tmp_path, monkeypatch):
-    monkeypatch.delenv("PARTUNE_TVM_DATABASE", raising=False)
+def test_tvm_database_is_handed_to_the_tvm_backend(capsys, tmp_path, backend_settings):
     db = tmp_path / "ms"
     db.mkdir()
     from partune.backends import registry
 
-    registry.register("tvm", "partune.backends.tvm_backend:TvmBackend")  # a fresh instance reads the setting
-    try:
-        assert main(["--tvm-database", str(db), "run", str(write_tvmscript(tmp_path / "m.py"))]) == 0
-        assert registry.get("tvm").database_dir == str(db)
-        assert (db / "database_workload.json").exists()  # MetaSchedule opened it while building
-    finally:  # main() set the variable itself; monkeypatch restores the original at teardown
-        registry.register("tvm", "partune.backends.tvm_backend:TvmBackend")
+    assert main(["--tvm-database", str(db), "run", str(write_tvmscript(tmp_path / "m.py"))]) == 0
+    assert registry.settings().tvm_database == str(db) and registry.get("tvm").database_dir == str(db)
+    assert (db / "database_workload.json").exists()  # MetaSchedule opened it while building
     _fails_cleanly(capsys, ["--tvm-database", str(tmp_path / "nope"), "run", "bert-small"], "not a directory")

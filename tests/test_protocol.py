@@ -15,6 +15,7 @@ import pytest
 import tvm
 
 from partune.backends import build_cache, registry
+from partune.backends.settings import Settings
 from partune.backends.tvm_backend import TvmBackend
 from partune.core import partition
 from partune.core.graph import DataflowGraph, main_bindings
@@ -79,7 +80,8 @@ def requests(cache: str = "/tmp/cache") -> list:
     plan = single_backend_plan("diamond", GRAPH, CONFIG, "onnxruntime", {0, 1})
     region = region_request(Diamond, GRAPH, (0, 1), tvm_scope, FAST)
     peers = {"onnxruntime (export)": {"kind": "unavailable", "why": "no export"}}
-    return [region, replace(region, threads=2),
+    settings = Settings(tvm_database="/db", tuning_database="/t", extra_backends=(("x", "m:C"),))
+    return [region, replace(region, threads=2, settings=settings),
             region_request(Diamond, GRAPH, (1, 2, 3), ort_scope, FAST, values, build_cache=cache),
             overhead_request(tvm_scope), tune_request(Diamond, GRAPH, (0,), tvm_scope, 8, 30.0),
             plan_request(tvm.ir.save_json(Diamond), plan, INPUTS, FAST, fresh=True),

@@ -89,9 +89,8 @@ def test_sigkill_then_resume_remeasures_nothing(tmp_path, chain_file):
 
 
 @pytest.fixture
-def crash_backends(monkeypatch):
-    spec = "segfault=tests.crash_backend:SegfaultBackend,hang=tests.crash_backend:HangBackend"
-    monkeypatch.setenv("PARTUNE_EXTRA_BACKENDS", spec)  # for worker processes
+def crash_backends():
+    # Registered backends join the settings every request carries to the worker processes.
     registry.register("segfault", "tests.crash_backend:SegfaultBackend")
     registry.register("hang", "tests.crash_backend:HangBackend")
     yield
@@ -172,20 +171,19 @@ def test_unreachable_tracker_is_a_clear_error(capsys, chain_file):
     assert "cannot reach RPC tracker" in capsys.readouterr().err
 
 
-def test_tvm_region_builds_with_a_tuning_database(tmp_path, monkeypatch):
-    """With a database, TVM's tuning pipeline runs first; the region's main must survive it."""
+def test_tvm_region_builds_with_a_tuning_database(tmp_path, backend_settings):
+    """With a database, TVM's tuning pipeline runs first; the region's main must survive it.
+    The setting travels inside the request, as it does to a worker process."""
+    from dataclasses import replace
+
+    from partune.backends.settings import Settings
     from partune.runners.worker import handle
 
-    monkeypatch.setenv("PARTUNE_TVM_DATABASE", str(tmp_path))
-    registry.register("tvm", "partune.backends.tvm_backend:TvmBackend")
-    try:
-        g = DataflowGraph.from_function(Chain["main"])
-        req = region_request(Chain, g, (0, 1, 2), CompilationConfig.for_cpu(["tvm"]).scope_for("tvm"))
-        reply = handle(req)
-        assert reply.measurement.error is None, reply
-        assert registry.get("tvm").database_dir == str(tmp_path)
-    finally:  # monkeypatch unsets the variable at teardown; the next instance reads no database
-        registry.register("tvm", "partune.backends.tvm_backend:TvmBackend")
+    g = DataflowGraph.from_function(Chain["main"])
+    req = region_request(Chain, g, (0, 1, 2), CompilationConfig.for_cpu(["tvm"]).scope_for("tvm"))
+    reply = handle(replace(req, settings=Settings(tvm_database=str(tmp_path))))
+    assert reply.measurement.error is None, reply
+    assert registry.get("tvm").database_dir == str(tmp_path)
 
 
 def test_finalists_meet_onnxruntime_on_the_users_file(tmp_path, capsys):

@@ -22,7 +22,7 @@ from tvm import relax
 from partune.backends import registry
 from partune.backends.base import BackendError, Level
 from partune.backends.tvm_backend import TvmBackend, region_module
-from partune.backends.tvm_tuned_backend import ENV, TunedTvmBackend
+from partune.backends.tvm_tuned_backend import TunedTvmBackend
 from partune.backends.tvm_tuning import budget_shares, tune_region
 from partune.backends.tvm_tuning_database import (
     RECORD_FILE,
@@ -86,15 +86,14 @@ def _best_ms(kernel, x, out) -> float:
     return time_callable(lambda: kernel(x, out), Protocol(repeat=5, min_repeat_ms=20)).cost_s * 1e3
 
 
-def test_tuned_region_is_faster_and_correct(tuned, monkeypatch):
+def test_tuned_region_is_faster_and_correct(tuned):
     database, _ = tuned
-    monkeypatch.setenv(ENV, str(database))
     func = matmul_relu()
     x_np = np.random.default_rng(1).standard_normal((N, N)).astype("float32")
     ref = np.maximum(x_np @ weight(), 0)
     x = tvm.runtime.tensor(x_np)
     kernels = {}
-    for label, backend in (("untuned", TvmBackend()), ("tuned", TunedTvmBackend())):
+    for label, backend in (("untuned", TvmBackend()), ("tuned", TunedTvmBackend(str(database)))):
         kernels[label] = backend.build_region(func, SCOPE, 1)
         out = tvm.runtime.tensor(np.zeros((N, N), "float32"))
         kernels[label](x, out)
@@ -126,7 +125,7 @@ def test_second_call_reuses_the_task(tuned):
     assert _records(database) == TRIALS
 
 
-def test_tuned_regions_stay_inline_and_main_gets_the_tuned_schedules(tuned, monkeypatch):
+def test_tuned_regions_stay_inline_and_main_gets_the_tuned_schedules(tuned, backend_settings):
     """No offload (a VM hand-off per region would cost more than tuning wins on glue):
     the regions stay in main, which the tuned backend builds with the database."""
     from partune.core.graph import DataflowGraph
@@ -135,25 +134,21 @@ def test_tuned_regions_stay_inline_and_main_gets_the_tuned_schedules(tuned, monk
     from partune.search.candidates import backend_plan
 
     database, _ = tuned
-    monkeypatch.setenv(ENV, str(database))
-    registry.register("tvm-tuned", "partune.backends.tvm_tuned_backend:TunedTvmBackend")  # reads ENV
-    try:
-        func = matmul_relu("main")
-        mod = region_module(func)
-        graph = DataflowGraph.from_function(mod["main"])
-        config = CompilationConfig.for_cpu(["tvm-tuned"])
-        plan = backend_plan("matmul", mod, graph, config, "tvm-tuned")
-        untuned = backend_plan("matmul", mod, graph, config, "tvm")
-        assert main_compiler(plan).name == "tvm-tuned" and main_compiler(untuned).name == "tvm"
-        built = build_plan(plan, mod, graph)
-        assert not [f for _, f in built.module.functions.items() if f.attrs is not None and "Codegen" in f.attrs]
-        x = np.random.default_rng(2).standard_normal((N, N)).astype("float32")
-        np.testing.assert_allclose(built([x])[0], np.maximum(x @ weight(), 0), rtol=1e-4, atol=1e-3)
-        slow = build_plan(untuned, mod, graph)
-        fast_ms = time_callable(built.prepare([x])).cost_s
-        assert fast_ms < time_callable(slow.prepare([x])).cost_s / 4
-    finally:
-        registry.register("tvm-tuned", "partune.backends.tvm_tuned_backend:TunedTvmBackend")
+    backend_settings(tuning_database=str(database))
+    func = matmul_relu("main")
+    mod = region_module(func)
+    graph = DataflowGraph.from_function(mod["main"])
+    config = CompilationConfig.for_cpu(["tvm-tuned"])
+    plan = backend_plan("matmul", mod, graph, config, "tvm-tuned")
+    untuned = backend_plan("matmul", mod, graph, config, "tvm")
+    assert main_compiler(plan).name == "tvm-tuned" and main_compiler(untuned).name == "tvm"
+    built = build_plan(plan, mod, graph)
+    assert not [f for _, f in built.module.functions.items() if f.attrs is not None and "Codegen" in f.attrs]
+    x = np.random.default_rng(2).standard_normal((N, N)).astype("float32")
+    np.testing.assert_allclose(built([x])[0], np.maximum(x @ weight(), 0), rtol=1e-4, atol=1e-3)
+    slow = build_plan(untuned, mod, graph)
+    fast_ms = time_callable(built.prepare([x])).cost_s
+    assert fast_ms < time_callable(slow.prepare([x])).cost_s / 4
 
 
 def test_resumes_after_sigkill(tmp_path):
@@ -212,10 +207,9 @@ def test_errors_are_tuning_errors(tmp_path):
     assert "\n" not in str(info.value)
 
 
-def test_tuned_backend_needs_a_database(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+def test_tuned_backend_needs_a_database():
     backend = TunedTvmBackend()  # constructing it (listing the backends) is fine
-    with pytest.raises(BackendError, match=ENV):
+    with pytest.raises(BackendError, match="tuning_database"):
         backend.build_region(matmul_relu(), SCOPE, 1)
 
 

@@ -6,7 +6,7 @@ import argparse
 import os
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from partune.commands.common import (
     beside_store,
@@ -94,7 +94,9 @@ def _prepare(args: argparse.Namespace) -> _Job:
     if any(registry.get(b).autotuned for b in backends):
         tune_budget = tune_budget or DEFAULT_TUNE_BUDGET_S
         # Beside the store: tuning records serve every later run and model, like measurements.
-        os.environ.setdefault("PARTUNE_TUNING_DATABASE", os.path.abspath(beside_store(args.storage, ".tuning")))
+        if registry.settings().tuning_database is None:
+            database = os.path.abspath(beside_store(args.storage, ".tuning"))
+            registry.configure(replace(registry.settings(), tuning_database=database))
     deadline = time.monotonic() + parse_duration(args.timeout) if args.timeout else None
     model = load_model(args)
     pins = dict(model.pins)
