@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from partune.backends.checksum import checksums, first_damaged
+from partune.core.versions import cpu_name
 
 FORMAT = 2  # bump when what an entry holds changes
 MANIFEST = "manifest.json"
@@ -61,11 +62,7 @@ def machine() -> str:
     """What a built artefact depends on beyond the request: the CPU and TVM's version."""
     import tvm
 
-    cpu = platform.machine()
-    with contextlib.suppress(OSError, StopIteration):
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    return f"{cpu}|python {platform.python_version()}|tvm {tvm.__version__}"
+    return f"{cpu_name()}|python {platform.python_version()}|tvm {tvm.__version__}"
 
 
 def entry_for(req: dict, write: bool) -> Entry | None:
