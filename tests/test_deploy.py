@@ -109,7 +109,13 @@ def test_status_report_and_export_of_a_study(tmp_path, capsys):
     report = (tmp_path / "report" / "report.md").read_text()
     chosen = json.loads((tmp_path / "plan.json").read_text())["notes"]["chosen_as"]
     assert f"Emitted plan: **{chosen}**" in report
-    assert {p.name for p in (tmp_path / "report").glob("*.png")} == {"history.png", "shares.png", "graph.png"}
+    pngs = {p.name: p for p in (tmp_path / "report").glob("*.png")}
+    assert set(pngs) == {"history.png", "shares.png", "graph.png"}
+    from matplotlib.image import imread
+
+    for name, path in pngs.items():  # real pictures, not empty canvases
+        pixels = imread(path)
+        assert min(pixels.shape[:2]) > 100 and np.ptp(pixels[..., :3]) > 0.1, name
     capsys.readouterr()
     assert main(["status", "--storage", url]) == 0
     assert "tiny-job" in capsys.readouterr().out

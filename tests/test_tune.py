@@ -18,6 +18,7 @@ import pytest
 from partune.backends import registry
 from partune.cli import main
 from partune.core.graph import DataflowGraph
+from partune.core.plan import Plan
 from partune.core.scopes import CompilationConfig
 from partune.runners.build_pool import split_cores
 from partune.runners.builder import region_request
@@ -243,7 +244,9 @@ def test_two_workers_and_the_memory_objective_from_the_command_line(tmp_path, ca
     assert "worker " in text and "Pareto front" in text
     notes = json.loads(out.read_text())["notes"]
     assert notes["pareto_front"] and all(f["peak_bytes"] > 0 for f in notes["pareto_front"])
-    assert (tmp_path / "plan.front1.json").exists()
+    fastest = Plan.load(str(tmp_path / "plan.front1.json"))  # the front's fastest point, as a plan
+    assert list(fastest.backends) == notes["pareto_front"][0]["backends"]
+    assert len(fastest.regions) == notes["pareto_front"][0]["regions"]
     studies = {s.study_name: s for s in optuna.get_all_study_summaries(url)}
     store = next(name for name in studies if name.startswith(STUDY_PREFIX))
     keys = [t.user_attrs["key"] for t in optuna.load_study(study_name=store, storage=url).trials]
