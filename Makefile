@@ -23,9 +23,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-# The emitted plan against onnxruntime and torch.compile, zoo + ONNX exports (about an hour).
+# The emitted plan against onnxruntime, OpenVINO and torch.compile, zoo + ONNX exports, at one
+# thread and at every core (hours).
 bench: $(STAMP)
 	$(BIN)/python experiments/bench_vs_peers.py
+	$(BIN)/python experiments/bench_vs_peers.py --threads all --out experiments/results/vs_peers_all_cores.md
 
 bench-single: $(STAMP)
 	$(BIN)/python experiments/bench_single_backends.py

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def _export(name: str, folder: Path, exporter: str = "legacy") -> tuple[str, lis
 
 
 def tune_one(spec: str, flags: list[str], args, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "partune.cli", "--threads", "1", *flags, "tune", spec,
+    cmd = [sys.executable, "-m", "partune.cli", "--threads", str(args.threads), *flags, "tune", spec,
            "--backends", args.backends, "--storage", args.storage, "--timeout", args.timeout, "-o", str(out)]
     if args.tune_budget:
         cmd += ["--tune-budget", args.tune_budget, "--tune-trials", str(args.tune_trials)]
@@ -121,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="how the architectures are exported (dynamo: torch's default; OpenVINO cannot read some)")
     p.add_argument("--tune-budget", help="auto-tune TVM regions for this long per model (e.g. 4m)")
     p.add_argument("--tune-trials", type=int, default=32, help="MetaSchedule trials per tuned region")
+    p.add_argument("--threads", default="1", help="threads for every contender: N, or 'all' (every core); at "
+                   "more than one, each contender is timed in a process of its own, one at a time")
     args = p.parse_args(argv)
+    args.threads = os.cpu_count() or 1 if args.threads == "all" else int(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
             print(f"\n{text}", flush=True)
             Path(args.out).write_text(
-                "# Emitted plan vs the best peer, measured in one process (interleaved rounds)\n\n"
-                f"1 thread, batch 1, backends {args.backends}"
+                "# Emitted plan vs the best peer, interleaved rounds\n\n"
+                f"{args.threads} thread(s) ({'one process' if args.threads == 1 else 'a process a contender'}), "
+                f"batch 1, backends {args.backends}"
                 + (f" + tvm-tuned (MetaSchedule, {args.tune_budget} per model, {args.tune_trials} trials a "
                    "region)" if args.tune_budget else "") + "; peers: onnxruntime and OpenVINO (f32, latency "
                 "hint) on the model as given (the .onnx file; a torch.onnx.export for zoo models) and "

@@ -24,8 +24,10 @@ import tempfile
 import time
 from collections.abc import Iterable
 
-from partune.runners.protocol import ErrorReply, PlanRequest, Reply, Request
+from partune.runners.isolated import compare_isolated
+from partune.runners.protocol import CompareRequest, ErrorReply, PlanRequest, Reply, Request
 from partune.runners.runner import Runner
+from partune.runners.timing import Measurement
 from partune.runners.worker_main import CPUS_ENV
 
 
@@ -126,6 +128,14 @@ class LocalRunner(Runner):
             self._proc = None
             why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             return ErrorReply(f"worker crashed ({why})" + (f": {tail}" if tail else ""))
+
+    def compare(self, request: CompareRequest, timeout_s: float | None = None) -> dict[str, Measurement]:
+        """At one thread, in this runner's worker, interleaved. At more, each contender in a
+        worker of its own, one running at a time (``partune.runners.isolated``): a library's
+        idle threads must not slow the contender after it."""
+        if self.threads == 1 or len(request.contenders) < 2:
+            return super().compare(request, timeout_s)
+        return compare_isolated(request, lambda: LocalRunner(self.timeout_s, self.threads, self.cpus), timeout_s)
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

@@ -101,11 +101,15 @@ def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int = 5,
     for _ in range(rounds):
         for label, fn in fns.items():
             rows[label].append(time_callable(fn, protocol))
-    out = {}
-    for label, ms in rows.items():
-        medians = [m.median_s for m in ms]
-        out[label] = Measurement(statistics.median(medians), _iqr(medians),
-                                 statistics.median(m.cpu_s for m in ms), sum(m.repeats for m in ms),
-                                 ms[0].number, load=os.getloadavg()[0],
-                                 best_s=min(m.cost_s for m in ms))
-    return out
+    return {label: over_rounds(ms) for label, ms in rows.items()}
+
+
+def over_rounds(ms: list[Measurement]) -> Measurement:
+    """One contender's rounds as one measurement: the median of the round medians, their
+    IQR, and the fastest sample of any round (a failed round fails it)."""
+    if failed := next((m for m in ms if not m.ok), None):
+        return failed
+    medians = [m.median_s for m in ms]
+    return Measurement(statistics.median(medians), _iqr(medians), statistics.median(m.cpu_s for m in ms),
+                       sum(m.repeats for m in ms), ms[0].number, load=os.getloadavg()[0],
+                       best_s=min(m.cost_s for m in ms))
