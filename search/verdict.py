@@ -1,7 +1,8 @@
 """The verdict: the finalist plans meet the peers, and the plan to emit is chosen.
 
 Finalists and peers (the tools a user would pick instead, ``partune.runners.peers``)
-are timed in one process, interleaved, and stored like every other measurement. The
+are timed in interleaved rounds (one process at one thread; a process each, one at a
+time, at more: ``partune.runners.isolated``) and stored like every other measurement. The
 emitted plan is the fastest of them by interleaved median; when a library on the
 model's own file beats every partitioned plan, that file under that library is the
 plan, so Partune never emits something slower than what the user already has.
