@@ -56,6 +56,12 @@ class Verdict:
 
     measurements: dict[str, Measurement] = field(default_factory=dict)  # label -> measurement
     peers: tuple[str, ...] = ()  # which labels are peers (not Partune plans)
+    threads: int = 1  # at more than one, each contender was timed in a process of its own
+
+    @property
+    def how(self) -> str:
+        """How the contenders were timed, in words."""
+        return "one process" if self.threads == 1 else f"{self.threads} threads, a process each, one at a time"
 
     @property
     def best_peer(self) -> str | None:

@@ -68,7 +68,7 @@ def judge(s: SearchSession, finalists: dict[str, Plan]) -> None:
     else:
         measured = {label: store.get(key + label) for label in labels}
         counts.reused += len(labels)
-    s.result.verdict = Verdict(measured, tuple(peer_label(p, model) for p in wanted))
+    s.result.verdict = Verdict(measured, tuple(peer_label(p, model) for p in wanted), s.options.threads)
     best = min((m.median_s for m in measured.values() if m.ok), default=float("nan"))
     s.progress.advance(f"fastest median {best * 1e3:.3f} ms")
 

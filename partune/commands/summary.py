@@ -64,12 +64,12 @@ def summarise(result, model) -> str:
 
 
 def _verdict_lines(result) -> list[str]:
-    """The finalists against the peers (one process, interleaved rounds), said plainly."""
+    """The finalists against the peers (interleaved rounds), said plainly."""
     if not result.verdict.measurements:
         return []
     ok = {k: m for k, m in result.verdict.measurements.items() if m.ok}
     peer = result.verdict.best_peer
-    lines = ["", "finalists vs the tools you would use instead (one process, interleaved rounds):",
+    lines = ["", f"finalists vs the tools you would use instead ({result.verdict.how}, interleaved rounds):",
              f"| {'contender':<36} | {'median ms':>9} | {'best ms':>9} | "
              + (f"{'vs ' + peer:<40} |" if peer else "x fastest |"),
              "|" + "-" * 38 + "|-----------|-----------|"
