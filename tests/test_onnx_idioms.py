@@ -137,3 +137,24 @@ def test_affine_with_a_negative_divisor_stays(tmp_path):
     out = relax_to_onnx(model.mod["main"])
     assert Counter(n.op_type for n in out.graph.node)["BatchNormalization"] == 0
     np.testing.assert_allclose(_run(out, model.inputs)[0], model.reference[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv_transpose_keeps_its_bias(tmp_path):
+    """The import splits ConvTranspose(x, w, b) into conv2d_transpose + add; it comes back whole."""
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((4, 3, 2, 2)).astype("float32"), "w")
+    b = numpy_helper.from_array(rng.standard_normal(3).astype("float32"), "b")
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2])
+    graph = helper.make_graph([node], "up", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 10, 10])], [w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "up.onnx"))
+    imported = load(str(tmp_path / "up.onnx"))
+    assert Counter(n.op for n in imported.graph.nodes)["add"] == 1  # what the import made of the bias
+    out = relax_to_onnx(imported.mod["main"])
+    ops = Counter(n.op_type for n in out.graph.node)
+    assert ops["ConvTranspose"] == 1 and ops["Add"] == 0
+    (conv,) = [n for n in out.graph.node if n.op_type == "ConvTranspose"]
+    assert len(conv.input) == 3
+    np.testing.assert_allclose(_run(out, imported.inputs)[0], imported.reference[0], rtol=1e-5, atol=1e-5)
