@@ -24,10 +24,11 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # The emitted plan against onnxruntime, OpenVINO and torch.compile, zoo + ONNX exports, at one
-# thread and at every core (hours).
+# thread and at every core, then the held-out architectures on their own (hours).
 bench: $(STAMP)
 	$(BIN)/python experiments/bench_vs_peers.py
 	$(BIN)/python experiments/bench_vs_peers.py --threads all --out experiments/results/vs_peers_all_cores.md
+	$(BIN)/python experiments/bench_vs_peers.py --held-out
 
 bench-single: $(STAMP)
 	$(BIN)/python experiments/bench_single_backends.py

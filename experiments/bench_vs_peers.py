@@ -8,7 +8,12 @@ plan against onnxruntime and OpenVINO on the model as given (the user's ONNX fil
 Writes experiments/results/vs_peers.md: per model the plan, each peer, the ratio to the
 best peer, the DP's estimate error, and the geometric mean.
 
+``--held-out`` runs exactly the held-out architectures (``HELD_OUT`` in architectures.py,
+which no tuning decision may use) instead, with a store of their own, and writes
+experiments/results/vs_peers_held_out.md with their own geometric mean.
+
     python experiments/bench_vs_peers.py [MODEL ...] [--backends ...] [--timeout 15m]
+    python experiments/bench_vs_peers.py --held-out
 """
 
 from __future__ import annotations
@@ -115,9 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="*", help=f"zoo names or architectures (default: {' '.join(ZOO + EXPORTS)})")
     p.add_argument("--backends", default="tvm,torch,onnxruntime,openvino")
-    p.add_argument("--storage", default=f"sqlite:///{RESULTS / 'measurements.db'}")
+    p.add_argument("--storage", help="measurement store (default: results/measurements.db; with --held-out "
+                   "results/measurements_held_out.db, so nothing learnt from the store ever sees them)")
     p.add_argument("--timeout", default="15m", help="per-model limit on measuring candidates")
-    p.add_argument("--out", default=str(RESULTS / "vs_peers.md"))
+    p.add_argument("--out", help="report (default: results/vs_peers.md; with --held-out vs_peers_held_out.md)")
+    p.add_argument("--held-out", action="store_true",
+                   help="run exactly the held-out architectures, reported on their own (see architectures.py)")
     p.add_argument("--exporter", choices=("legacy", "dynamo"), default="legacy",
                    help="how the architectures are exported (dynamo: torch's default; OpenVINO cannot read some)")
     p.add_argument("--tune-budget", help="auto-tune TVM regions for this long per model (e.g. 4m)")
@@ -125,18 +133,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", default="1", help="threads for every contender: N, or 'all' (every core); at "
                    "more than one, each contender is timed in a process of its own, one at a time")
     args = p.parse_args(argv)
+    from experiments.architectures import HELD_OUT
+
+    if args.held_out and args.models:
+        p.error("--held-out runs exactly the held-out set; name no models with it")
+    if held := [m for m in args.models if m in HELD_OUT]:
+        p.error(f"{', '.join(held)}: held out, run only with --held-out")
+    models = list(HELD_OUT) if args.held_out else args.models or ZOO + EXPORTS
+    suffix = "_held_out" if args.held_out else ""
+    args.out = args.out or str(RESULTS / f"vs_peers{suffix}.md")
+    args.storage = args.storage or f"sqlite:///{RESULTS / f'measurements{suffix}.db'}"
     args.threads = os.cpu_count() or 1 if args.threads == "all" else int(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models or ZOO + EXPORTS:
-            spec, flags = _export(name, Path(tmp), args.exporter) if name in EXPORTS else (name, [])
+        for name in models:
+            spec, flags = _export(name, Path(tmp), args.exporter) if name in (*EXPORTS, *HELD_OUT) else (name, [])
             rows.append(tune_one(spec, flags, args, Path(tmp) / f"{name}.plan.json"))
             text = table(rows)
             Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
             print(f"\n{text}", flush=True)
             Path(args.out).write_text(
-                "# Emitted plan vs the best peer, interleaved rounds\n\n"
+                "# Emitted plan vs the best peer, interleaved rounds"
+                + (" (held-out architectures)" if args.held_out else "") + "\n\n"
                 f"{args.threads} thread(s) ({'one process' if args.threads == 1 else 'a process a contender'}), "
                 f"batch 1, backends {args.backends}"
                 + (f" + tvm-tuned (MetaSchedule, {args.tune_budget} per model, {args.tune_trials} trials a "
