@@ -198,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         registry.configure(replace(registry.settings(), tvm_database=os.path.abspath(args.tvm_database)))
     setup_threads(args.threads)
     try:
+        if getattr(args, "storage", None):  # every subcommand reads the storage URL the same way
+            from partune.store.measurements import with_driver
+
+            args.storage = with_driver(args.storage)
         return args.func(args)
     except KeyboardInterrupt:
         print("partune: interrupted (measurements taken so far are kept; rerun to resume)", file=sys.stderr)

@@ -129,6 +129,7 @@ def _open(url: str, heartbeat: dict, claim_ttl_s: float) -> tuple[optuna.storage
     """The Optuna storage at ``url`` and its claims (``MEMORY``: both in this process)."""
     if url == MEMORY:
         return optuna.storages.InMemoryStorage(), InProcessClaims()
+    url = with_driver(url)
     for attempt in range(OPEN_ATTEMPTS):
         try:
             storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **heartbeat)
@@ -140,6 +141,21 @@ def _open(url: str, heartbeat: dict, claim_ttl_s: float) -> tuple[optuna.storage
                 raise PartuneError(f"cannot open storage {url}: {str(e).splitlines()[0][:160]}") from e
             time.sleep(1.0)
     raise AssertionError("unreachable")
+
+
+def with_driver(url: str) -> str:
+    """A plain ``postgresql://`` URL with the PostgreSQL driver that is installed: SQLAlchemy
+    assumes psycopg (3), and fails with "Failed to import DB access module" when only
+    psycopg2 is there (what Partune installs)."""
+    scheme, sep, rest = url.partition("://")
+    if scheme not in ("postgresql", "postgres") or not sep:
+        return url
+    import importlib.util
+
+    for module, driver in (("psycopg", "psycopg"), ("psycopg2", "psycopg2")):
+        if importlib.util.find_spec(module) is not None:
+            return f"postgresql+{driver}://{rest}"
+    raise PartuneError("a postgresql:// storage needs a driver: pip install psycopg2-binary")
 
 
 def _engine_kwargs(url: str) -> dict:

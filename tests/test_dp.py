@@ -6,11 +6,9 @@ import pytest
 
 from partune.core.graph import DataflowGraph
 from partune.core.scopes import CompilationConfig
-from partune.runners.timing import Measurement
 from partune.search.candidates import Candidate
 from partune.search.dp import NoCoverError, cheapest_cover, schedulable
 from partune.search.rules import RuleContext, rule_for_style
-from partune.store.measurements import MeasurementStore
 from tests.graphs import Attention, Diamond, Residual, TupleGraph
 
 
@@ -60,58 +58,3 @@ def test_dp_skips_infinite_costs_and_reports_no_cover():
     assert all(c.backend != "tvm" for c in cover.candidates)
     with pytest.raises(NoCoverError):
         cheapest_cover(g, cands, lambda c: float("inf") if 3 in c.subgraph else 1.0)
-
-
-def test_store_dedups_and_persists(tmp_path):
-    url = f"sqlite:///{tmp_path / 'm.db'}"
-    store = MeasurementStore(url, "dev1")
-    m = Measurement(1e-3, 1e-5, 1e-3, 5, 10)
-    store.put("k1", m, "first")
-    store.put("k1", Measurement(2e-3, 0, 2e-3, 5, 10), "again")  # already there: ignored
-    store.put("k2", Measurement.failed("boom"))
-    assert len(store) == 2 and store.get("k1") == m
-    again = MeasurementStore(url, "dev1")
-    assert again.get("k1") == m and again.get("k2").error == "boom"
-    assert again.get("k2").cost_s == float("inf")
-    assert len(again.study.get_trials()) == 2
-    assert MeasurementStore(url, "other-device").get("k1") is None
-
-
-def test_the_in_memory_store_takes_each_key_once_and_keeps_nothing():
-    from partune.store.measurements import MEMORY
-
-    store = MeasurementStore(MEMORY, "dev")
-    calls = []
-
-    def take() -> Measurement:
-        calls.append(1)
-        return Measurement(1e-3, 0.0, 1e-3, 1, 1)
-
-    m, took = store.obtain("k", take)
-    assert took and store.obtain("k", take) == (m, False) and len(calls) == 1
-    claims = store.claims
-    assert claims.claim("x") and not claims.claim("x") and claims.holder("x") == claims.owner
-    claims.release("x")
-    assert claims.holder("x") is None and claims.claim("x")
-    claims.done("x")
-    claims.release("x")  # a done claim is never given up
-    assert claims.is_done("x") and not claims.claim("x")
-    assert MeasurementStore(MEMORY, "dev").get("k") is None  # each in-memory store is its own
-
-
-def test_a_stored_failure_is_retried_once_when_asked(tmp_path):
-    from partune.runners.timing import Measurement
-
-    url = f"sqlite:///{tmp_path / 'm.db'}"
-    MeasurementStore(url, "dev").put("k", Measurement.failed("machine was busy"))
-    calls = []
-
-    def take() -> Measurement:
-        calls.append(1)
-        return Measurement(1e-3, 0.0, 1e-3, 1, 1, best_s=1e-3)
-
-    assert not MeasurementStore(url, "dev").obtain("k", take)[0].ok  # kept by default
-    retrying = MeasurementStore(url, "dev", retry_failed=True)
-    m, took = retrying.obtain("k", take)
-    assert took and m.ok and retrying.obtain("k", take) == (m, False)
-    assert MeasurementStore(url, "dev").get("k").ok and len(calls) == 1  # the latest wins, for everyone

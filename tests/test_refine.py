@@ -53,8 +53,8 @@ def test_refinement_starts_from_the_dp_plan_and_never_returns_worse():
     assert len(out.plan.regions) == 1 and out.plan.regions[0].backend == "onnxruntime"
 
 
-def test_a_resumed_refinement_measures_nothing_new(tmp_path):
-    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'r.db'}")
+def test_a_resumed_refinement_measures_nothing_new(storage_url):
+    storage = optuna.storages.RDBStorage(storage_url)
     first: list[Plan] = []
     a = _run(storage, "r", 6, first)
     again: list[Plan] = []

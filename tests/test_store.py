@@ -1,0 +1,102 @@
+"""The measurement store and its claims, on SQLite and on a real PostgreSQL.
+
+``storage_url`` runs each test on both (``pytest -k postgres`` selects PostgreSQL; the
+server is started by ``tests/conftest.py``). The in-memory store is tested on its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from partune.core.errors import PartuneError
+from partune.runners.timing import Measurement
+from partune.store.measurements import MEMORY, MeasurementStore
+from partune.store.sql_claims import SqlClaims
+
+OK = Measurement(1e-3, 1e-5, 1e-3, 5, 10)
+
+
+def test_store_dedups_and_persists(storage_url):
+    store = MeasurementStore(storage_url, "dev1")
+    store.put("k1", OK, "first")
+    store.put("k1", Measurement(2e-3, 0, 2e-3, 5, 10), "again")  # already there: ignored
+    store.put("k2", Measurement.failed("boom"))
+    assert len(store) == 2 and store.get("k1") == OK
+    again = MeasurementStore(storage_url, "dev1")
+    assert again.get("k1") == OK and again.get("k2").error == "boom"
+    assert again.get("k2").cost_s == float("inf")
+    assert len(again.study.get_trials()) == 2
+    assert MeasurementStore(storage_url, "other-device").get("k1") is None
+
+
+def test_a_stored_failure_is_retried_once_when_asked(storage_url):
+    MeasurementStore(storage_url, "dev").put("k", Measurement.failed("machine was busy"))
+    calls = []
+
+    def take() -> Measurement:
+        calls.append(1)
+        return Measurement(1e-3, 0.0, 1e-3, 1, 1, best_s=1e-3)
+
+    assert not MeasurementStore(storage_url, "dev").obtain("k", take)[0].ok  # kept by default
+    retrying = MeasurementStore(storage_url, "dev", retry_failed=True)
+    m, took = retrying.obtain("k", take)
+    assert took and m.ok and retrying.obtain("k", take) == (m, False)
+    assert MeasurementStore(storage_url, "dev").get("k").ok and len(calls) == 1  # the latest wins, for everyone
+
+
+def test_claims_are_taken_once_released_and_done(storage_url):
+    store = MeasurementStore(storage_url, "dev")
+    mine, other = store.claims, SqlClaims(store.storage.engine, ttl_s=600.0, owner="elsewhere:1")
+    assert mine.claim("k") and not other.claim("k") and other.holder("k") == mine.owner
+    mine.release("k")
+    assert mine.holder("k") is None and other.claim("k") and not mine.claim("k")
+    other.done("k")
+    other.release("k")  # a done claim is never given up
+    assert mine.is_done("k") and not mine.claim("k")
+
+
+def test_an_expired_claim_is_taken_over(storage_url):
+    store = MeasurementStore(storage_url, "dev")
+    gone = SqlClaims(store.storage.engine, ttl_s=-1.0, owner="elsewhere:2")  # expires at once
+    assert gone.claim("k") and store.claims.claim("k") and store.claims.holder("k") == store.claims.owner
+
+
+def test_an_unreachable_storage_is_one_line(tmp_path):
+    with pytest.raises(PartuneError, match="cannot open storage") as info:
+        MeasurementStore(f"sqlite:///{tmp_path}/no/such/dir/m.db", "dev")
+    assert "\n" not in str(info.value)
+
+
+def test_the_in_memory_store_takes_each_key_once_and_keeps_nothing():
+    store = MeasurementStore(MEMORY, "dev")
+    calls = []
+
+    def take() -> Measurement:
+        calls.append(1)
+        return Measurement(1e-3, 0.0, 1e-3, 1, 1)
+
+    m, took = store.obtain("k", take)
+    assert took and store.obtain("k", take) == (m, False) and len(calls) == 1
+    claims = store.claims
+    assert claims.claim("x") and not claims.claim("x") and claims.holder("x") == claims.owner
+    claims.release("x")
+    assert claims.holder("x") is None and claims.claim("x")
+    claims.done("x")
+    claims.release("x")  # a done claim is never given up
+    assert claims.is_done("x") and not claims.claim("x")
+    assert MeasurementStore(MEMORY, "dev").get("k") is None  # each in-memory store is its own
+
+
+def test_a_plain_postgresql_url_finds_the_installed_driver(postgres_url):
+    """SQLAlchemy's default for postgresql:// is psycopg 3; Partune installs psycopg2."""
+    plain = postgres_url.replace("postgresql+psycopg2://", "postgresql://")
+    MeasurementStore(plain, "dev").put("k", OK)
+    assert MeasurementStore(postgres_url, "dev").get("k") == OK
+
+
+def test_status_reads_a_plain_postgresql_url(postgres_url, capsys):
+    from partune.cli import main
+
+    MeasurementStore(postgres_url, "dev").put("k", OK)
+    assert main(["status", "--storage", postgres_url.replace("postgresql+psycopg2://", "postgresql://")]) == 0
+    assert "1 measurements on 1 device(s)" in capsys.readouterr().out
