@@ -164,14 +164,24 @@ class SearchSession:
         ahead = Lookahead(self.options.build_pool, order, lambda key: region_request(
             self.mod, self.graph, batch[key].subgraph.nodes, batch[key].scope, CANDIDATE_PROTOCOL,
             self.values or None))
-        deadline = self.options.deadline
-        for key in order:
+        # Keys another worker is measuring are skipped, then waited for once the rest are done:
+        # workers on one storage split the work instead of queueing behind each other.
+        deferred = self._measure(batch, order, ahead, wait=False)
+        self._measure(batch, deferred, ahead, wait=True)
+
+    def _measure(self, batch: dict[str, Candidate], keys: list[str], ahead: Lookahead, wait: bool) -> list[str]:
+        """Measure ``keys`` in order; without ``wait``, the keys other workers held are returned."""
+        deadline, deferred = self.options.deadline, []
+        for key in keys:
             c = batch[key]
             if deadline is not None and time.monotonic() > deadline:
                 self.result.timed_out = True
                 break
             m, took = self.store.obtain(key, lambda key=key: self.runner.run(ahead.request(key)),
-                                        f"{self.model.name} {c}", deadline)
+                                        f"{self.model.name} {c}", deadline, wait)
+            if m is None and not wait and (deadline is None or time.monotonic() <= deadline):
+                deferred.append(key)
+                continue
             if m is None:
                 self.result.timed_out = True
                 break
@@ -179,6 +189,7 @@ class SearchSession:
             if took:
                 self.result.trained.append((c, m))
             self.progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
+        return deferred
 
     def learn(self) -> None:
         """Refit the cost model on everything measured of this model (from the model it

@@ -90,12 +90,13 @@ class MeasurementStore:
         self._failures[key] = self._failures.get(key, 0) + (not m.ok)
 
     def obtain(self, key: str, take: Callable[[], Measurement], label: str = "",
-               deadline: float | None = None) -> tuple[Measurement | None, bool]:
+               deadline: float | None = None, wait: bool = True) -> tuple[Measurement | None, bool]:
         """The measurement under ``key`` and whether this call took it.
 
         Stored already: returned. Otherwise this worker claims the key and takes it, or,
         when another worker holds the claim, waits for that worker's result (or for its
-        claim to expire). None only when ``deadline`` (``time.monotonic``) passes first.
+        claim to expire). None when ``deadline`` (``time.monotonic``) passes first, or at
+        once when another worker holds the key and ``wait`` is False (move on; come back).
         """
         while True:
             cached = self._cache.get(key)
@@ -119,7 +120,7 @@ class MeasurementStore:
                 self.refresh()
                 self._retried.add(key)
                 continue
-            if deadline is not None and time.monotonic() > deadline:
+            if not wait or (deadline is not None and time.monotonic() > deadline):
                 return None, False
             time.sleep(POLL_S)
             self.refresh()

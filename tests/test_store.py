@@ -100,3 +100,22 @@ def test_status_reads_a_plain_postgresql_url(postgres_url, capsys):
     MeasurementStore(postgres_url, "dev").put("k", OK)
     assert main(["status", "--storage", postgres_url.replace("postgresql+psycopg2://", "postgresql://")]) == 0
     assert "1 measurements on 1 device(s)" in capsys.readouterr().out
+
+
+def test_a_worker_moves_on_from_a_key_another_holds(storage_url):
+    """``wait=False``: a key another worker is measuring is left at once (and taken over
+    by nobody); waiting, its result is read once that worker stores it."""
+    import threading
+
+    mine, theirs = MeasurementStore(storage_url, "dev"), MeasurementStore(storage_url, "dev")
+    theirs.claims = SqlClaims(theirs.storage.engine, ttl_s=600.0, owner="elsewhere:3")
+    assert theirs.claims.claim("k")
+    taken = []
+    assert mine.obtain("k", lambda: taken.append(1) or OK, wait=False) == (None, False) and not taken
+
+    def finish() -> None:
+        theirs.put("k", OK)
+        theirs.claims.done("k")
+
+    threading.Timer(0.2, finish).start()
+    assert mine.obtain("k", lambda: taken.append(1) or OK) == (OK, False) and not taken
