@@ -47,7 +47,7 @@ class MeasurementStore:
         if heartbeat_s:
             heartbeat = {"heartbeat_interval": heartbeat_s, "grace_period": 2 * heartbeat_s,
                          "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2)}
-        self.storage, self.claims = _open(storage_url, heartbeat, claim_ttl_s)
+        self.storage, self.claims = _open(storage_url, heartbeat, claim_ttl_s, device)
         self.device = device
         self.study = optuna.create_study(study_name=STUDY_PREFIX + device, storage=self.storage,
                                          load_if_exists=True)
@@ -116,17 +116,19 @@ class MeasurementStore:
                 self.claims.done(claim)
                 self._retried.add(key)
                 return m, True
-            if retry and self.claims.is_done(claim):  # another worker retried it
+            if self.claims.is_done(claim):  # another worker stored it (or retried it): read it now
                 self.refresh()
-                self._retried.add(key)
-                continue
+                if retry:
+                    self._retried.add(key)
+                if key in self._cache:
+                    continue
             if not wait or (deadline is not None and time.monotonic() > deadline):
                 return None, False
             time.sleep(POLL_S)
             self.refresh()
 
 
-def _open(url: str, heartbeat: dict, claim_ttl_s: float) -> tuple[optuna.storages.BaseStorage, Claims]:
+def _open(url: str, heartbeat: dict, claim_ttl_s: float, device: str) -> tuple[optuna.storages.BaseStorage, Claims]:
     """The Optuna storage at ``url`` and its claims (``MEMORY``: both in this process)."""
     if url == MEMORY:
         return optuna.storages.InMemoryStorage(), InProcessClaims()
@@ -134,7 +136,7 @@ def _open(url: str, heartbeat: dict, claim_ttl_s: float) -> tuple[optuna.storage
     for attempt in range(OPEN_ATTEMPTS):
         try:
             storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **heartbeat)
-            return storage, SqlClaims(storage.engine, claim_ttl_s)
+            return storage, SqlClaims(storage.engine, claim_ttl_s, namespace=device)
         except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
             # Workers starting together on a new database race to create its tables.
             racing = isinstance(e, sqlalchemy.exc.IntegrityError | sqlalchemy.exc.OperationalError)

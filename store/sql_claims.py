@@ -19,8 +19,12 @@ from partune.store.claims import DONE, Claims, alive, worker_id
 class SqlClaims(Claims):
     """Atomic claims on measurement keys, in the same database as the measurements."""
 
-    def __init__(self, engine: sa.engine.Engine, ttl_s: float = 600.0, owner: str | None = None) -> None:
+    def __init__(self, engine: sa.engine.Engine, ttl_s: float = 600.0, owner: str | None = None,
+                 namespace: str = "") -> None:
+        """``namespace``: the device whose measurements these claims guard. Measurements are
+        kept per device, so one device's done claim must not stop another from measuring."""
         self.engine, self.ttl_s, self.owner = engine, ttl_s, owner or worker_id()
+        self.prefix = f"{namespace}/" if namespace else ""
         meta = sa.MetaData()
         self.table = sa.Table("partune_claims", meta,
                               sa.Column("key", sa.String(512), primary_key=True),
@@ -30,14 +34,14 @@ class SqlClaims(Claims):
 
     def claim(self, key: str) -> bool:
         """True when this worker may take ``key`` now: nobody had it, or its claim expired."""
-        t, now = self.table, time.time()
+        t, now, key = self.table, time.time(), self.prefix + key
         try:
             with self.engine.begin() as c:
                 c.execute(t.insert().values(key=key, owner=self.owner, expires=now + self.ttl_s))
             return True
         except IntegrityError:
             pass
-        holder = self.holder(key)
+        holder = self._holder(key)
         dead = holder is not None and not alive(holder)
         with self.engine.begin() as c:  # take over an expired claim, or a dead worker's, atomically
             stale = (t.c.expires < now) | ((t.c.owner == holder) & (t.c.expires < DONE) if dead else False)
@@ -48,20 +52,24 @@ class SqlClaims(Claims):
     def done(self, key: str) -> None:
         """The measurement under ``key`` is stored: nobody takes it again."""
         with self.engine.begin() as c:
-            c.execute(self.table.update().where(self.table.c.key == key).values(expires=DONE))
+            c.execute(self.table.update().where(self.table.c.key == self.prefix + key).values(expires=DONE))
 
     def release(self, key: str) -> None:
         """Give up a claim without a measurement (another worker may take it at once)."""
         t = self.table
         with self.engine.begin() as c:
-            c.execute(t.delete().where(t.c.key == key, t.c.owner == self.owner, t.c.expires < DONE))
+            c.execute(t.delete().where(t.c.key == self.prefix + key, t.c.owner == self.owner, t.c.expires < DONE))
 
     def is_done(self, key: str) -> bool:
         """Whether the measurement under ``key`` is stored (by any worker)."""
         with self.engine.connect() as c:
-            return c.execute(sa.select(self.table.c.expires).where(self.table.c.key == key)).scalar() == DONE
+            return c.execute(sa.select(self.table.c.expires).where(self.table.c.key == self.prefix + key)
+                             ).scalar() == DONE
 
     def holder(self, key: str) -> str | None:
         """Who holds ``key`` (None when nobody does)."""
+        return self._holder(self.prefix + key)
+
+    def _holder(self, key: str) -> str | None:
         with self.engine.connect() as c:
             return c.execute(sa.select(self.table.c.owner).where(self.table.c.key == key)).scalar()

@@ -46,7 +46,7 @@ def test_a_stored_failure_is_retried_once_when_asked(storage_url):
 
 def test_claims_are_taken_once_released_and_done(storage_url):
     store = MeasurementStore(storage_url, "dev")
-    mine, other = store.claims, SqlClaims(store.storage.engine, ttl_s=600.0, owner="elsewhere:1")
+    mine, other = store.claims, SqlClaims(store.storage.engine, ttl_s=600.0, owner="elsewhere:1", namespace="dev")
     assert mine.claim("k") and not other.claim("k") and other.holder("k") == mine.owner
     mine.release("k")
     assert mine.holder("k") is None and other.claim("k") and not mine.claim("k")
@@ -57,7 +57,7 @@ def test_claims_are_taken_once_released_and_done(storage_url):
 
 def test_an_expired_claim_is_taken_over(storage_url):
     store = MeasurementStore(storage_url, "dev")
-    gone = SqlClaims(store.storage.engine, ttl_s=-1.0, owner="elsewhere:2")  # expires at once
+    gone = SqlClaims(store.storage.engine, ttl_s=-1.0, owner="elsewhere:2", namespace="dev")  # expires at once
     assert gone.claim("k") and store.claims.claim("k") and store.claims.holder("k") == store.claims.owner
 
 
@@ -108,7 +108,7 @@ def test_a_worker_moves_on_from_a_key_another_holds(storage_url):
     import threading
 
     mine, theirs = MeasurementStore(storage_url, "dev"), MeasurementStore(storage_url, "dev")
-    theirs.claims = SqlClaims(theirs.storage.engine, ttl_s=600.0, owner="elsewhere:3")
+    theirs.claims = SqlClaims(theirs.storage.engine, ttl_s=600.0, owner="elsewhere:3", namespace="dev")
     assert theirs.claims.claim("k")
     taken = []
     assert mine.obtain("k", lambda: taken.append(1) or OK, wait=False) == (None, False) and not taken
@@ -119,3 +119,13 @@ def test_a_worker_moves_on_from_a_key_another_holds(storage_url):
 
     threading.Timer(0.2, finish).start()
     assert mine.obtain("k", lambda: taken.append(1) or OK) == (OK, False) and not taken
+
+
+def test_each_device_measures_its_own(storage_url):
+    """One storage, two devices (say 1 thread and all cores): a key one device measured is
+    still the other's to measure (claims are per device, like the measurements)."""
+    one, other = MeasurementStore(storage_url, "dev-1t"), MeasurementStore(storage_url, "dev-2t")
+    assert one.obtain("k", lambda: OK) == (OK, True)
+    slower = Measurement(2e-3, 0.0, 2e-3, 1, 1)
+    assert other.obtain("k", lambda: slower, deadline=0.0) == (slower, True)
+    assert MeasurementStore(storage_url, "dev-1t").get("k") == OK
