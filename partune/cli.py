@@ -169,7 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("rpc-server", help="serve measurements to `partune tune --runner rpc://...`")
     s.add_argument("--tracker", required=True, metavar="HOST:PORT", help="the TVM RPC tracker to register with")
     s.add_argument("--key", required=True, help="device key clients ask the tracker for")
-    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1, this machine only). Requests are JSON "
+                   "and nothing is unpickled, but whoever reaches the port can make this machine build "
+                   "and run models it sends (ONNX files, zoo names, .pt2 archives): expose it only on "
+                   "a network you trust, e.g. --host 0.0.0.0 on a private lab subnet")
     s.add_argument("--port", type=int, default=9190, help="first port to try (default 9190)")
     s.add_argument("--port-end", type=int, default=9290, help="last port to try (default 9290)")
     s.set_defaults(func=cmd_rpc_server)

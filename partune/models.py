@@ -8,6 +8,7 @@ build for TVMScript), so any plan can be checked against it.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import re
@@ -39,6 +40,7 @@ class Model:
     reference: list[np.ndarray]
     reference_source: str
     torch_module: object | None = None  # for the torch peers in `partune bench`
+    torch_recipe: dict | None = None  # how a measuring process rebuilds it: runners/peers.py
     onnx_bytes: bytes | None = None  # for the onnxruntime peer, when the model came as ONNX
     hints: dict[str, SEScope] = field(default_factory=dict)  # var name -> R.hint_on_device scope
     assumed: list[str] = field(default_factory=list)  # input dimensions the file left open
@@ -145,7 +147,7 @@ def normalise(mod: tvm.IRModule) -> tvm.IRModule:
     return mod
 
 
-def _from_torch(name: str, module, args: tuple, source: str) -> Model:
+def _from_torch(name: str, module, args: tuple, source: str, recipe: dict) -> Model:
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -158,7 +160,7 @@ def _from_torch(name: str, module, args: tuple, source: str) -> Model:
         mod = from_exported_program(ep)
     except Exception as e:  # the frontend raises many kinds
         raise ModelError(f"cannot import {name} to Relax: {str(e).splitlines()[-1][:200]}") from e
-    return Model(name, normalise(mod), [a.numpy() for a in args], reference, source, module)
+    return Model(name, normalise(mod), [a.numpy() for a in args], reference, source, module, recipe)
 
 
 def load_zoo(name: str) -> Model:
@@ -168,7 +170,7 @@ def load_zoo(name: str) -> Model:
         raise ModelError(f"unknown model '{name}': not a file and not in the zoo "
                          f"({', '.join(names())})")
     entry = ZOO[name]
-    return _from_torch(name, entry.build(), entry.inputs(), "torch eager")
+    return _from_torch(name, entry.build(), entry.inputs(), "torch eager", {"zoo": name})
 
 
 def _random_input(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
@@ -178,8 +180,11 @@ def _random_input(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
 def load_pt2(path: Path) -> Model:
     import torch
 
+    from partune.runners.peers import load_program
+
     try:
-        ep = torch.export.load(str(path))
+        data = path.read_bytes()
+        ep = load_program(data)
     except Exception as e:
         raise ModelError(f"cannot read ExportedProgram {path}: {str(e).splitlines()[0][:200]}") from e
     args = getattr(ep, "example_inputs", None)
@@ -190,7 +195,8 @@ def load_pt2(path: Path) -> Model:
                  and n.name in ep.graph_signature.user_inputs]
         inputs = tuple(torch.from_numpy(_random_input(tuple(m.shape), str(m.dtype).removeprefix("torch."), SEED + i))
                        for i, m in enumerate(metas))
-    return _from_torch(path.stem, ep.module(), inputs, "torch eager (ExportedProgram)")
+    recipe = {"pt2": base64.b64encode(data).decode()}
+    return _from_torch(path.stem, ep.module(), inputs, "torch eager (ExportedProgram)", recipe)
 
 
 def _read_onnx(path: Path):

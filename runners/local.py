@@ -13,8 +13,8 @@ core 0, whatever mask it had). A measuring worker on its own core beside a build
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import select
 import signal
 import struct
@@ -25,7 +25,15 @@ import time
 from collections.abc import Iterable
 
 from partune.runners.isolated import compare_isolated
-from partune.runners.protocol import CompareRequest, ErrorReply, PlanRequest, Reply, Request
+from partune.runners.protocol import (
+    CompareRequest,
+    ErrorReply,
+    PlanRequest,
+    ProtocolError,
+    Reply,
+    Request,
+    reply_from_json,
+)
 from partune.runners.runner import Runner
 from partune.runners.timing import Measurement
 from partune.runners.worker_main import CPUS_ENV
@@ -107,7 +115,7 @@ class LocalRunner(Runner):
         request = self.addressed(request)
         if isinstance(request, PlanRequest) and request.fresh:
             self.close()  # a new worker: nothing an earlier request left behind counts
-        data = pickle.dumps(request)
+        data = json.dumps(request.to_json()).encode()
         limit = timeout_s or self.timeout_s
         try:
             proc = self._start()
@@ -116,10 +124,13 @@ class LocalRunner(Runner):
             proc.stdin.write(struct.pack("<I", len(data)) + data)
             proc.stdin.flush()
             size = struct.unpack("<I", self._read(4, deadline))[0]
-            return pickle.loads(self._read(size, deadline))
+            return reply_from_json(json.loads(self._read(size, deadline)))
         except TimeoutError:
             self._kill()
             return ErrorReply(f"timed out after {limit:g} s")
+        except (ValueError, ProtocolError) as e:  # JSON that is not a reply: the worker is not ours
+            self._kill()
+            return ErrorReply(f"unreadable reply from the worker: {str(e)[:120]}")
         except (ChildProcessError, BrokenPipeError, OSError):
             if self._proc is None:
                 return ErrorReply("worker could not start")

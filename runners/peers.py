@@ -9,7 +9,10 @@ library on the user's file wins, the plan that says so is exactly what was timed
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
+import os
 import warnings
 from collections.abc import Callable
 
@@ -123,8 +126,6 @@ def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS) -> dict[str, dict
     A peer that cannot be packaged (an export that fails) is an "unavailable" spec with
     its one-line reason; one the library cannot read fails where it is built.
     """
-    import base64
-
     specs: dict[str, dict] = {}
     libraries = [k for k in available_peers(model, wanted) if k in LIBRARY_PEERS]
     if libraries:
@@ -137,9 +138,8 @@ def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS) -> dict[str, dict
     for kind in ("torch.compile", "torch"):
         if kind in available_peers(model, wanted):
             try:
-                specs[peer_label(kind, model)] = {"kind": kind,
-                                                  "module": base64.b64encode(_pickle_module(model.torch_module)).decode()}
-            except Exception as e:  # noqa: BLE001 - unpicklable modules
+                specs[peer_label(kind, model)] = {"kind": kind, "module": torch_recipe(model)}
+            except Exception as e:  # noqa: BLE001 - a module with no recipe
                 specs[peer_label(kind, model)] = {"kind": "unavailable",
                                                   "why": f"cannot ship the module: {last_line(e, 160)}"}
     return specs
@@ -147,22 +147,69 @@ def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS) -> dict[str, dict
 
 def make_peer(spec: dict, inputs: list[np.ndarray], threads: int) -> Runnable:
     """Build a peer from its spec, ready to time (compilation happens here, untimed)."""
-    import base64
-
     if spec["kind"] in LIBRARY_PEERS:
         return open_model_file(spec["kind"], base64.b64decode(spec["onnx"]), inputs, threads).prepare(inputs)
     if spec["kind"] in ("torch", "torch.compile"):
-        import torch
-
-        module = torch.load(io.BytesIO(base64.b64decode(spec["module"])), weights_only=False)
+        module = rebuild_module(spec["module"])
         make = torch_compile if spec["kind"] == "torch.compile" else torch_eager
         return make(module, inputs, threads)
     raise RuntimeError(spec.get("why", f"unknown peer kind {spec['kind']}"))
 
 
-def _pickle_module(module) -> bytes:
+def weights_digest(module) -> str:
+    """A digest of a module's parameters and buffers, in name order: proof that the module a
+    measuring process rebuilt is the one the search imported."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def torch_recipe(model) -> dict:
+    """How a measuring process rebuilds ``model.torch_module`` from data alone, never from a
+    pickle (which would run whatever it was sent): a zoo name, whose weights are seeded, or
+    the user's ExportedProgram file. Raises where the model has neither."""
+    if model.torch_recipe is None:
+        raise RuntimeError("only zoo models and .pt2 files can be rebuilt without pickle")
+    return model.torch_recipe | {"digest": weights_digest(model.torch_module)}
+
+
+def rebuild_module(recipe: dict):
+    """The module of a ``torch_recipe``, checked against the digest of the one searched."""
+    if "zoo" in recipe:
+        from partune.zoo import ZOO
+
+        if recipe["zoo"] not in ZOO:
+            raise RuntimeError(f"this device's partune has no zoo model {recipe['zoo']!r}")
+        module = ZOO[recipe["zoo"]].build()
+    elif "pt2" in recipe:
+        module = load_program(base64.b64decode(recipe["pt2"])).module()
+    else:
+        raise RuntimeError("a torch peer with neither a zoo name nor an ExportedProgram")
+    if weights_digest(module) != recipe.get("digest"):
+        raise RuntimeError("the rebuilt torch module's weights differ from the searched model's "
+                           "(a different partune or torch on the device?)")
+    return module
+
+
+def load_program(data: bytes):
+    """An ExportedProgram read with torch's weights-only unpickler forced for every tensor
+    file inside: ``torch.export.load`` otherwise falls back to full pickle, and a .pt2 file
+    from elsewhere could run anything."""
     import torch
 
-    buf = io.BytesIO()
-    torch.save(module, buf)
-    return buf.getvalue()
+    before = os.environ.get(_WEIGHTS_ONLY)
+    os.environ[_WEIGHTS_ONLY] = "1"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.export.load(io.BytesIO(data))
+    finally:
+        if before is None:
+            os.environ.pop(_WEIGHTS_ONLY, None)
+        else:
+            os.environ[_WEIGHTS_ONLY] = before
+
+
+_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"

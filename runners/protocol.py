@@ -3,9 +3,9 @@
 A request is one of ``RegionRequest``, ``TuneRequest``, ``PlanRequest``, ``CompareRequest``
 and ``BuildRequest`` (made by ``partune.runners.builder`` and ``partune.runners.build_pool``);
 the worker answers each with a ``MeasurementReply``, ``MeasurementsReply``, ``TuningReply``,
-``BuildReply`` or ``ErrorReply``. They cross a pipe (a local worker: pickled) or TVM RPC (a
-remote one: ``to_json``/``from_json`` text), and arrays travel inside them as base64
-``.npy`` (no pickle: what an array decodes to never runs code).
+``BuildReply`` or ``ErrorReply``. They cross a pipe (a local worker) or TVM RPC (a remote
+one) as the same JSON text (``to_json``/``from_json``), and arrays travel inside them as
+base64 ``.npy``. Nothing is pickled: what a message decodes to never runs code.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -
 #
 # Each is a frozen dataclass with a ``kind`` tag. ``to_json`` gives a JSON-able dict (the
 # RPC path sends it as text; a field that is None is left out), ``from_json`` reads one
-# back exactly. The local pipe pickles the objects themselves.
+# back exactly. The local pipe and RPC send the same text.
 
 
 class ProtocolError(ValueError):

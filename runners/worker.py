@@ -1,8 +1,8 @@
 """What runs where measurements are taken: a local worker process or an RPC server.
 
 Requests and replies are the typed messages of ``partune.runners.protocol`` (arrays as base64
-.npy inside), so the same function serves the local worker (pickled over a pipe) and the RPC
-server (as JSON over TVM RPC, ``handle_json``). A crash or hang here costs the request,
+.npy inside), and ``handle_json`` serves both the local worker (over a pipe) and the RPC
+server (over TVM RPC) from the same JSON text. A crash or hang here costs the request,
 never the search that sent it.
 """
 
@@ -151,30 +151,24 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
     The fair comparison against the tools a user would pick instead: same process, same
     inputs, same moment. A contender that cannot be built fails alone.
     """
-    import tvm
-
     from partune.backends import registry
-    from partune.core.graph import DataflowGraph
     from partune.core.plan import Plan
     from partune.runners.builder import build_plan
     from partune.runners.peers import make_peer
     from partune.runners.timing import time_interleaved
 
     registry.set_threads(req.threads)
-    mod = tvm.ir.load_json(req.module)
-    graph = DataflowGraph.from_function(mod["main"])
-    inputs = [decode_array(a) for a in req.inputs]
+    ctx = _context_for(req)
     fns, failed = {}, {}
-    built = _built_for(req)
     for label, c in req.contenders.items():
         try:
             key = label + json.dumps(c.to_json() if isinstance(c, Plan) else c, sort_keys=True, default=str)
-            if key not in built:
+            if key not in ctx.built:
                 if isinstance(c, Plan):
-                    built[key] = build_plan(c, mod, graph).prepare(inputs)
+                    ctx.built[key] = build_plan(c, ctx.mod, ctx.graph).prepare(ctx.inputs)
                 else:
-                    built[key] = make_peer(c, inputs, registry.threads())
-            fns[label] = built[key]
+                    ctx.built[key] = make_peer(c, ctx.inputs, registry.threads())
+            fns[label] = ctx.built[key]
             fns[label]()  # one call outside the clock: lazy initialisation
         except Exception as e:  # noqa: BLE001 - one contender failing must not end the comparison
             fns.pop(label, None)
@@ -182,20 +176,35 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
     return MeasurementsReply(time_interleaved(fns, rounds=req.rounds) | failed)
 
 
-# The contenders this process built for the comparison it takes part in (one at a time):
-# a worker that times one contender of an isolated comparison (``partune.runners.isolated``)
-# round after round builds it once.
-_BUILT: dict[str, dict[str, Callable[[], object]]] = {}
+@dataclasses.dataclass
+class _Comparison:
+    """The comparison this process takes part in (one at a time): the model, its inputs and
+    the contenders built so far. A worker that times one contender of an isolated comparison
+    (``partune.runners.isolated``) round after round loads and builds all of it once."""
+
+    mod: Any
+    graph: Any
+    inputs: list
+    built: dict[str, Callable[[], object]] = dataclasses.field(default_factory=dict)
 
 
-def _built_for(req: CompareRequest) -> dict[str, Callable[[], object]]:
+_CURRENT: dict[str, _Comparison] = {}
+
+
+def _context_for(req: CompareRequest) -> _Comparison:
     import hashlib
 
+    import tvm
+
+    from partune.core.graph import DataflowGraph
+
     of = hashlib.sha256(f"{req.module}{req.inputs}{req.threads}".encode()).hexdigest()
-    if of not in _BUILT:
-        _BUILT.clear()
-        _BUILT[of] = {}
-    return _BUILT[of]
+    if of not in _CURRENT:
+        _CURRENT.clear()
+        mod = tvm.ir.load_json(req.module)
+        _CURRENT[of] = _Comparison(mod, DataflowGraph.from_function(mod["main"]),
+                                   [decode_array(a) for a in req.inputs])
+    return _CURRENT[of]
 
 
 # Every request type and what answers it (a region's reply also says how its build went).
@@ -227,9 +236,11 @@ def handle(req: Request) -> Reply:
 
 
 def handle_json(text: str) -> str:
-    """The RPC entry point: a request's JSON in, its reply's JSON out."""
-    data = json.loads(text)
+    """The entry point of both transports: a request's JSON in, its reply's JSON out. Text that
+    is not a request (a pickle, say) is answered with an error: nothing is ever unpickled."""
+    data: object = None
     try:
+        data = json.loads(text)
         req = request_from_json(data)
     except Exception as e:  # noqa: BLE001 - a request that cannot be read is answered like a failure
         return json.dumps(_failure(isinstance(data, dict) and data.get("kind") == "build", e).to_json())

@@ -1,4 +1,7 @@
-"""Entry point of a local measuring worker: length-prefixed pickles over stdin/stdout.
+"""Entry point of a local measuring worker: length-prefixed JSON over stdin/stdout.
+
+The same JSON as the RPC path (``partune.runners.protocol``), never pickle: a request cannot
+make the worker run anything but the handler it names.
 
 The parent owns the timeout: it kills the worker's process group when a reply is late,
 so a kernel that hangs while holding the GIL cannot hang the search.
@@ -7,7 +10,6 @@ so a kernel that hangs while holding the GIL cannot hang the search.
 from __future__ import annotations
 
 import os
-import pickle
 import struct
 import sys
 
@@ -25,7 +27,7 @@ def main() -> None:
     proto_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     proto_in = sys.stdin.buffer
-    from partune.runners.worker import handle
+    from partune.runners.worker import handle_json
 
     proto_out.write(b"RDY!")  # imports done: the parent's clock for requests starts now
     proto_out.flush()
@@ -33,8 +35,7 @@ def main() -> None:
         head = proto_in.read(4)
         if len(head) < 4:
             return
-        req = pickle.loads(proto_in.read(struct.unpack("<I", head)[0]))
-        data = pickle.dumps(handle(req))
+        data = handle_json(proto_in.read(struct.unpack("<I", head)[0]).decode(errors="replace")).encode()
         proto_out.write(struct.pack("<I", len(data)) + data)
         proto_out.flush()
 
