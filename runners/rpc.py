@@ -13,10 +13,12 @@ import socket
 import time
 
 from partune.core.errors import PartuneError, last_line
+from partune.core.keys import FINGERPRINT_DIGITS, digest
 from partune.runners.protocol import ErrorReply, Reply, Request, reply_from_json
 from partune.runners.runner import Runner
 
 MEASURE_FUNC = "partune.measure"
+DEVICE_FUNC = "partune.device_fingerprint"
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -32,6 +34,7 @@ class RPCRunner(Runner):
 
         self.host, self.port = parse_address(tracker)
         self.key, self.timeout_s, self.threads = key, timeout_s, threads
+        self._device: str | None = None
         try:
             socket.create_connection((self.host, self.port), timeout=5).close()  # fail fast
             self._tracker = tvm.rpc.connect_tracker(self.host, self.port)
@@ -42,6 +45,19 @@ class RPCRunner(Runner):
         servers = [s for s in summary.get("server_info", []) if s.get("key", "").endswith(key)]
         if not free and not servers:
             raise PartuneError(f"RPC tracker {tracker} has no server with key '{key}'")
+
+    def device(self) -> str:
+        """The servers' own fingerprint (their CPU, cores and library versions, not this
+        machine's) joined with the key: devices under other keys keep their measurements apart."""
+        if self._device is None:
+            try:
+                sess = self._tracker.request(self.key, priority=1, session_timeout=self.timeout_s)
+                remote = str(sess.get_function(DEVICE_FUNC)(self.threads))
+            except Exception as e:  # noqa: BLE001 - socket and TVM errors alike
+                raise PartuneError(f"RPC device '{self.key}' did not say what it is "
+                                   f"(an older partune rpc-server?): {last_line(e, 120)}") from e
+            self._device = digest({"rpc_key": self.key, "device": remote}, FINGERPRINT_DIGITS, sort_keys=True)
+        return self._device
 
     def exchange(self, request: Request, timeout_s: float | None = None) -> Reply:
         """The request as JSON text through the server's ``handle_json``; its reply read back."""
@@ -63,6 +79,13 @@ def _register_in_server() -> None:
     from partune.runners.worker import handle_json
 
     tvm.register_global_func(MEASURE_FUNC, handle_json, override=True)
+    tvm.register_global_func(DEVICE_FUNC, _server_device, override=True)
+
+
+def _server_device(threads: int) -> str:
+    from partune.core.versions import device_fingerprint
+
+    return device_fingerprint(int(threads))
 
 
 def serve(tracker: str, key: str, host: str = "127.0.0.1", port: int = 9190, port_end: int = 9290) -> None:

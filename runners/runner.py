@@ -61,6 +61,13 @@ class Runner(ABC):
             return reply.report
         return {"error": failure_of(reply)}
 
+    def device(self) -> str:
+        """The fingerprint of the device this runner measures on: the store keeps each
+        device's measurements apart (``partune.store.measurements``). Here: this machine."""
+        from partune.core.versions import device_fingerprint
+
+        return device_fingerprint(self.threads)
+
     def close(self) -> None:  # noqa: B027 - optional
         """Release workers or sessions."""
 

@@ -81,3 +81,26 @@ def write_matmul_onnx(path: Path, n: int = 384) -> Path:
     model.ir_version = 8
     onnx.save(model, str(path))
     return path
+
+
+def write_mlp_onnx(path: Path, layers: int = 6, width: int = 32) -> Path:
+    """``layers`` x (MatMul -> Add -> Relu): a chain with enough candidate regions (every
+    run of nodes, per backend) to share out among several workers."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        inits += [numpy_helper.from_array((rng.standard_normal((width, width)) / np.sqrt(width)).astype("float32"), f"w{i}"),
+                  numpy_helper.from_array(rng.standard_normal(width).astype("float32") * 0.1, f"b{i}")]
+        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
+                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+                  helper.make_node("Relu", [f"a{i}"], [f"r{i}"])]
+        x = f"r{i}"
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, width])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [4, width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -123,50 +122,26 @@ def test_hanging_kernel_times_out_and_the_runner_recovers(crash_backends):
         assert fine.ok and fine.median_s > 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_rpc_runner_against_loopback_tracker_and_server():
-    from partune.core.errors import PartuneError
     from partune.runners.rpc import RPCRunner
+    from tests.fleet import loopback_fleet
 
-    port = _free_port()
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
-                                "--port", str(port), "--port-end", str(port + 1), "--silent"],
-                               cwd=ROOT, start_new_session=True, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    sport = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "partune.cli", "rpc-server", "--tracker",
-                               f"127.0.0.1:{port}", "--key", "cpu-test", "--port", str(sport),
-                               "--port-end", str(sport + 20)],
-                              cwd=ROOT, start_new_session=True, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        runner = None
-        deadline = time.monotonic() + 90
-        while runner is None:
-            try:
-                runner = RPCRunner(f"127.0.0.1:{port}", "cpu-test", timeout_s=60)
-            except PartuneError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+    with loopback_fleet({"cpu-test": 1}) as (tracker, _):
+        runner = RPCRunner(tracker, "cpu-test", timeout_s=60)
         g = DataflowGraph.from_function(Chain["main"])
         scope = CompilationConfig.for_cpu(["tvm"]).scope_for("tvm")
         m = runner.run(region_request(Chain, g, (0, 1, 2), scope))
         assert m.ok and 0 < m.median_s < 0.1, m
-    finally:
-        for p in (server, tracker):
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        # Measurements are stored under the servers' fingerprint and key, not this process's.
+        from partune.core.versions import device_fingerprint
+
+        assert runner.device() != device_fingerprint(runner.threads)
 
 
 def test_unreachable_tracker_is_a_clear_error(capsys, chain_file):
-    port = _free_port()
+    from tests.fleet import free_port
+
+    port = free_port()
     assert main(["tune", str(chain_file), "--runner", f"rpc://127.0.0.1:{port}/k",
                  "--storage", "sqlite:///:memory:"]) == 2
     assert "cannot reach RPC tracker" in capsys.readouterr().err

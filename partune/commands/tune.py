@@ -81,7 +81,6 @@ def _prepare(args: argparse.Namespace) -> _Job:
 
     from partune.backends import registry
     from partune.core.errors import PartuneError
-    from partune.core.versions import device_fingerprint
     from partune.runners.peers import PEER_LABELS
     from partune.store.measurements import MeasurementStore
 
@@ -108,7 +107,10 @@ def _prepare(args: argparse.Namespace) -> _Job:
     if args.workers < 1 or args.heartbeat < 1:
         raise PartuneError("--workers and --heartbeat must be at least 1")
     measure_timeout = parse_duration(args.measure_timeout)
-    store = MeasurementStore(args.storage, device_fingerprint(args.threads),
+    # The device measured on decides which measurements hold: a remote one's own fingerprint.
+    with make_runner(args.runner, measure_timeout, args.threads) as probe:
+        device = probe.device()
+    store = MeasurementStore(args.storage, device,
                              claim_ttl_s=max(1800.0, 3 * measure_timeout), heartbeat_s=args.heartbeat,
                              retry_failed=args.retry_failed)
     study_name = args.study or f"{model.name}:{','.join(backends)}"

@@ -1,0 +1,69 @@
+"""A fleet on loopback: one TVM RPC tracker, two ``partune rpc-server`` devices under one key,
+and three ``partune tune`` processes on one PostgreSQL storage finish one search together.
+
+Loopback devices share this machine's cores, so the timings taken here are only for these
+tests (a fresh database each): they never enter a benchmark's store.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import optuna
+import pytest
+
+from partune.store.measurements import STUDY_PREFIX
+from tests.fleet import ENV, ROOT, loopback_fleet
+from tests.model_files import write_mlp_onnx
+
+WORKERS = 3
+
+
+def _tune(model, tracker: str, key: str, url: str, out) -> list[str]:
+    return [sys.executable, "-m", "partune.cli", "tune", str(model), "--backends", "tvm,onnxruntime",
+            "--peers", "none", "--refine-trials", "2", "--runner", f"rpc://{tracker}/{key}",
+            "--storage", url, "--study", "fleet", "-o", str(out)]
+
+
+def _measurements(url: str) -> dict[str, list]:
+    """Per device study: the stored measurement trials."""
+    return {s.study_name[len(STUDY_PREFIX):]: optuna.load_study(study_name=s.study_name, storage=url).trials
+            for s in optuna.get_all_study_summaries(url) if s.study_name.startswith(STUDY_PREFIX)}
+
+
+@pytest.mark.timeout(600)
+def test_fleet_three_workers_two_devices_one_postgres_store(tmp_path, postgres_url):
+    model = write_mlp_onnx(tmp_path / "mlp.onnx", layers=4)
+    with loopback_fleet({"fleet": 2, "other": 1}) as (tracker, _):
+        procs = [subprocess.Popen(_tune(model, tracker, "fleet", postgres_url, tmp_path / f"plan{i}.json"),
+                                  cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for i in range(WORKERS)]
+        outs = [p.communicate(timeout=540) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [err[-800:] for _, err in outs]
+        (device, trials), = _measurements(postgres_url).items()
+        keys = [t.user_attrs["key"] for t in trials]
+        assert len(keys) == len(set(keys)), "a key was measured twice"
+        # The candidates are the work to share; plans and calibrations are few, taken by whoever
+        # gets there first.
+        candidates = [t for t in trials if t.user_attrs["key"].startswith("region:")]
+        share = Counter(t.user_attrs["pid"] for t in candidates)
+        assert set(share) == {p.pid for p in procs}, "every worker measured"
+        for n in share.values():  # (1/N) +- 20% of the keys each
+            assert abs(n / len(candidates) - 1 / WORKERS) <= 0.2 / WORKERS, (share, len(candidates))
+        # A single worker from the same store measures nothing and emits the same plan.
+        single = subprocess.run(_tune(model, tracker, "fleet", postgres_url, tmp_path / "single.json"),
+                                cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        assert single.returncode == 0, single.stderr[-800:]
+        assert "measurements made 0 (0 failed)" in single.stdout
+        regions = json.loads((tmp_path / "single.json").read_text())["regions"]
+        assert json.loads((tmp_path / f"plan{WORKERS - 1}.json").read_text())["regions"] == regions
+        # A device under another key keeps its own fingerprint and measurements.
+        other = subprocess.run(_tune(model, tracker, "other", postgres_url, tmp_path / "other.json") + ["--timeout", "5s"],
+                               cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        assert other.returncode == 0, other.stderr[-800:]
+    studies = _measurements(postgres_url)
+    assert len(studies) == 2 and len(studies[device]) == len(keys) and studies.keys() - {device}
+    assert all(t.state != optuna.trial.TrialState.RUNNING for ts in studies.values() for t in ts)
