@@ -12,6 +12,7 @@ import sys
 import warnings
 
 from partune.commands.common import setup_threads
+from partune.commands.explain import cmd_explain
 from partune.commands.jobs import (
     cmd_backends,
     cmd_costmodel_eval,
@@ -147,6 +148,23 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--study", required=True, help="the tuning job (see `partune status`)")
     rp.add_argument("-o", "--output", required=True, metavar="DIR", help="where report.md and the PNGs go")
     rp.set_defaults(func=cmd_report)
+
+    ex = sub.add_parser("explain", help="why each region of a plan went where it went: candidates, margins, peers",
+                        description="For each region of a tuning job's emitted plan (or a plan file): its ops, "
+                        "every backend's stored measurement of exactly those nodes, the margin over the "
+                        "runner-up, why each other backend lost (does not accept an op, failed, or slower "
+                        "by how much), the border costs the DP charged, and the plan against the peers. "
+                        "It reads the storage and measures nothing.")
+    ex.add_argument("model", metavar="MODEL", nargs="?",
+                    help="the model (default: the one the study tuned, or the one the plan names)")
+    ex.add_argument("--plan", help="a plan JSON file (instead of --study)")
+    ex.add_argument("--storage", default="sqlite:///partune.db",
+                    help="Optuna storage of the study and the measurements (default sqlite:///partune.db)")
+    ex.add_argument("--study", help="the tuning job whose plan to explain (see `partune status`)")
+    ex.add_argument("--device", help="device fingerprint of the measurements (default: this machine at the "
+                    "plan's thread count)")
+    ex.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    ex.set_defaults(func=cmd_explain)
 
     cm = sub.add_parser("costmodel", help="the XGBoost cost model learned from the measurement store")
     cms = cm.add_subparsers(dest="action", required=True)

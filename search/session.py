@@ -23,6 +23,7 @@ import numpy as np
 import tvm
 
 from partune.backends import registry
+from partune.core.describe import region_label
 from partune.core.errors import last_line
 from partune.core.keys import candidate_key, plan_key
 from partune.core.plan import Plan, Region
@@ -188,7 +189,8 @@ class SearchSession:
             self.counts.took(took, m.ok)
             if took:
                 self.result.trained.append((c, m))
-            self.progress.advance(f"{c.backend}{c.subgraph}: " + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
+            self.progress.advance(f"{c.backend} {region_label(self.graph, c.subgraph.nodes, width=32)}: "
+                                  + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
         return deferred
 
     def learn(self) -> None:

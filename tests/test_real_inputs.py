@@ -12,6 +12,7 @@ from partune.runners.builder import region_request
 from partune.runners.capture import capture_values
 from partune.runners.local import LocalRunner
 from partune.runners.worker import handle
+from partune.search.result import Progress
 from partune.search.tune import tune
 from partune.store.measurements import MeasurementStore
 
@@ -63,10 +64,16 @@ def test_random_inputs_read_out_of_bounds_real_ones_do_not():
 
 def test_search_over_an_embedding_gather_has_no_failed_candidate(tmp_path):
     store = MeasurementStore(f"sqlite:///{tmp_path / 'm.db'}", "test-device")
+    statuses: list[str] = []
     with LocalRunner(timeout_s=120) as runner:
-        result = tune(_Model(), ["tvm", "torch", "onnxruntime"], runner, store, peers=())
+        result = tune(_Model(), ["tvm", "torch", "onnxruntime"], runner, store, peers=(),
+                      progress=Progress(advance=statuses.append))
     assert result.inputs_from == "model"
     assert result.counts.measured > 10 and result.counts.failed == 0
+    # The progress bar names each candidate by its backend and ops, not by node indices.
+    candidates = [st for st in statuses if st.endswith(" us")]
+    assert len(candidates) == result.counts.candidates and not any("{" in st for st in candidates)
+    assert any(st.startswith("onnxruntime take") for st in candidates), candidates
 
 
 def test_tvm_alone_captures_the_values_when_no_library_is_offered():

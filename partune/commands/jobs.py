@@ -45,6 +45,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Every tuning job in a storage: progress, time left, emitted plan and its standing."""
     import time
 
+    from partune.core.describe import fit_table
     from partune.store.measurements import STUDY_PREFIX
 
     summaries = study_summaries(args.storage)
@@ -55,36 +56,37 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"{len(jobs)} tuning job(s)")
     if not jobs:
         return 0
-    print(f"| {'study':<40} | {'state':<16} | {'refined':>7} | {'emitted plan':<22} | {'backends':<24} | "
-          f"{'ms':>8} | {'x best peer':>11} |")
-    print("|" + "|".join("-" * w for w in (42, 18, 9, 24, 26, 10, 13)) + "|")
-    now = time.time()
+    now, rows = time.time(), []
     for s in sorted(jobs, key=lambda s: s.datetime_start or 0):
-        attrs = s.user_attrs
-        if attrs.get("finished") or "started" not in attrs:
-            state = "done"
-        elif (attrs.get("stopped") or 0) > attrs["started"]:
-            state = "stopped (resumable)"
-        elif attrs.get("deadline"):
-            left = attrs["deadline"] - now
-            state = f"running, {format_duration(left)} left" if left > 0 else "running, overtime"
-        else:
-            state = f"running {format_duration(now - attrs['started'])}"
-        refined = (f"{trials.get(attrs['refine_study'], 0)}/{attrs.get('n_trials', '?')}"
-                   if attrs.get("refine_study") else "-")
-        plan = attrs.get("best_plan")
-        if plan is None:
-            print(f"| {s.study_name[:40]:<40} | {state[:16]:<16} | {refined:>7} | {'(none yet)':<22} | "
-                  f"{'-':<24} | {'-':>8} | {'-':>11} |")
-            continue
-        notes = plan.get("notes", {})
-        backends = "+".join(sorted({r["scope"]["backend"] for r in plan["regions"]}))
-        ms = notes.get("verdict_median_s", {}).get(notes.get("chosen_as"), notes.get("measured_s", float("nan")))
-        x = notes.get("speedup_vs_best_peer")
-        print(f"| {s.study_name[:40]:<40} | {state[:16]:<16} | {refined:>7} | "
-              f"{str(notes.get('chosen_as', '?'))[:22]:<22} | {backends[:24]:<24} | "
-              f"{ms * 1e3:8.3f} | {(f'{x:.2f}x' if x else '-'):>11} |")
+        rows.append(_status_row(s.study_name, s.user_attrs, trials, now))
+    for line in fit_table(("study", "state", "refined", "emitted plan", "backends", "ms", "x best peer"), rows,
+                          "<<><<>>", pipes=True):
+        print(line)
     return 0
+
+
+def _status_row(name: str, attrs: dict, trials: dict[str, int], now: float) -> list[str]:
+    """One job's cells in `partune status`: all of each, the columns fit them."""
+    if attrs.get("finished") or "started" not in attrs:
+        state = "done"
+    elif (attrs.get("stopped") or 0) > attrs["started"]:
+        state = "stopped (resumable)"
+    elif attrs.get("deadline"):
+        left = attrs["deadline"] - now
+        state = f"running, {format_duration(left)} left" if left > 0 else "running, overtime"
+    else:
+        state = f"running {format_duration(now - attrs['started'])}"
+    refined = (f"{trials.get(attrs['refine_study'], 0)}/{attrs.get('n_trials', '?')}"
+               if attrs.get("refine_study") else "-")
+    plan = attrs.get("best_plan")
+    if plan is None:
+        return [name, state, refined, "(none yet)", "-", "-", "-"]
+    notes = plan.get("notes", {})
+    backends = "+".join(sorted({r["scope"]["backend"] for r in plan["regions"]}))
+    ms = notes.get("verdict_median_s", {}).get(notes.get("chosen_as"), notes.get("measured_s", float("nan")))
+    x = notes.get("speedup_vs_best_peer")
+    return [name, state, refined, str(notes.get("chosen_as", "?")), backends, f"{ms * 1e3:.3f}",
+            f"{x:.2f}x" if x else "-"]
 
 
 def cmd_report(args: argparse.Namespace) -> int:
