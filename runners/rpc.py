@@ -19,6 +19,7 @@ from partune.runners.runner import Runner
 
 MEASURE_FUNC = "partune.measure"
 DEVICE_FUNC = "partune.device_fingerprint"
+RETRY_PAUSE_S = 2.0
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -29,12 +30,14 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 class RPCRunner(Runner):
-    def __init__(self, tracker: str, key: str, timeout_s: float = 120.0, threads: int = 1) -> None:
+    def __init__(self, tracker: str, key: str, timeout_s: float = 120.0, threads: int = 1,
+                 attempts: int = 2) -> None:
         import tvm.rpc
 
         self.host, self.port = parse_address(tracker)
         self.key, self.timeout_s, self.threads = key, timeout_s, threads
         self._device: str | None = None
+        self.attempts = attempts
         try:
             socket.create_connection((self.host, self.port), timeout=5).close()  # fail fast
             self._tracker = tvm.rpc.connect_tracker(self.host, self.port)
@@ -60,13 +63,27 @@ class RPCRunner(Runner):
         return self._device
 
     def exchange(self, request: Request, timeout_s: float | None = None) -> Reply:
-        """The request as JSON text through the server's ``handle_json``; its reply read back."""
+        """The request as JSON text through a server's ``handle_json``; its reply read back.
+
+        A session that breaks (the server died, the network went) is tried again, on
+        whichever server the tracker hands out next: a lost device costs time, not a
+        candidate. A request that breaks every time is a failure of its own (a kernel that
+        kills the server that runs it costs that one candidate); one that timed out is not
+        tried again."""
         request = self.addressed(request)
-        try:
-            sess = self._tracker.request(self.key, priority=1, session_timeout=timeout_s or self.timeout_s)
-            return reply_from_json(json.loads(sess.get_function(MEASURE_FUNC)(json.dumps(request.to_json()))))
-        except Exception as e:  # noqa: BLE001 - a crashed or timed-out session costs one request
-            return ErrorReply(f"rpc: {last_line(e, 200)}")
+        text = json.dumps(request.to_json())
+        why = ""
+        for attempt in range(self.attempts):
+            if attempt:
+                time.sleep(RETRY_PAUSE_S)  # the tracker notices a dead server in about a second
+            try:
+                sess = self._tracker.request(self.key, priority=1, session_timeout=timeout_s or self.timeout_s)
+                return reply_from_json(json.loads(sess.get_function(MEASURE_FUNC)(text)))
+            except Exception as e:  # noqa: BLE001 - socket and TVM errors alike
+                why = last_line(e, 200)
+                if "timeout" in why.lower() or "timed out" in why.lower():
+                    break  # a hang: trying it again would only hang again
+        return ErrorReply(f"rpc: {why}" + (f" ({self.attempts} attempts)" if self.attempts > 1 else ""))
 
 
 def _register_in_server() -> None:

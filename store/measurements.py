@@ -22,6 +22,7 @@ from partune.core.errors import PartuneError
 from partune.runners.timing import Measurement
 from partune.store.claims import Claims
 from partune.store.in_process_claims import InProcessClaims
+from partune.store.outage import OUTAGE_S, patient, patiently
 from partune.store.sql_claims import SqlClaims
 
 STUDY_PREFIX = "partune-measurements/"
@@ -51,6 +52,10 @@ class MeasurementStore:
         self.device = device
         self.study = optuna.create_study(study_name=STUDY_PREFIX + device, storage=self.storage,
                                          load_if_exists=True)
+        # A server database may go away for a while (a restart): reads and writes wait for it.
+        wait_s = outage_wait(storage_url)
+        self._trials = patiently(lambda: self.study.get_trials(deepcopy=False), wait_s)
+        self._add_trial = patiently(self.study.add_trial, wait_s)
         self._cache: dict[str, Measurement] = {}
         self._failures: dict[str, int] = {}  # failed measurements stored per key
         self.retry_failed = retry_failed
@@ -62,7 +67,7 @@ class MeasurementStore:
         """Read what other runs and workers stored since we last looked (the latest
         measurement of a key wins: a retried failure is replaced)."""
         self._failures = {}
-        for t in self.study.get_trials(deepcopy=False):
+        for t in self._trials():
             key = t.user_attrs.get("key")
             if key and "m" in t.user_attrs:
                 self._cache[key] = m = Measurement(**t.user_attrs["m"])
@@ -85,7 +90,7 @@ class MeasurementStore:
         trial = optuna.trial.create_trial(
             state=state, value=m.cost_s if m.ok else None,
             user_attrs={"key": key, "m": m.to_json(), "label": label, "pid": os.getpid()})
-        self.study.add_trial(trial)
+        self._add_trial(trial)
         self._cache[key] = m
         self._failures[key] = self._failures.get(key, 0) + (not m.ok)
 
@@ -136,7 +141,9 @@ def _open(url: str, heartbeat: dict, claim_ttl_s: float, device: str) -> tuple[o
     for attempt in range(OPEN_ATTEMPTS):
         try:
             storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **heartbeat)
-            return storage, SqlClaims(storage.engine, claim_ttl_s, namespace=device)
+            if outage_wait(url):
+                patient(storage.engine, outage_wait(url))
+            return storage, SqlClaims(storage.engine, claim_ttl_s, namespace=device, outage_s=outage_wait(url))
         except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
             # Workers starting together on a new database race to create its tables.
             racing = isinstance(e, sqlalchemy.exc.IntegrityError | sqlalchemy.exc.OperationalError)
@@ -161,6 +168,13 @@ def with_driver(url: str) -> str:
     raise PartuneError("a postgresql:// storage needs a driver: pip install psycopg2-binary")
 
 
+def outage_wait(url: str) -> float:
+    """How long a call waits for the database at ``url`` to come back: a server's restart is
+    ridden out (``partune.store.outage``); a local SQLite file that fails will not recover."""
+    return 0.0 if url == MEMORY or url.startswith("sqlite") else OUTAGE_S
+
+
 def _engine_kwargs(url: str) -> dict:
     # SQLite: wait for a writer rather than fail when several workers share the file.
-    return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    # A server: check a pooled connection before use, so one the server dropped is replaced.
+    return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}

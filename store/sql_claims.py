@@ -14,16 +14,21 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from partune.store.claims import DONE, Claims, alive, worker_id
+from partune.store.outage import patiently
 
 
 class SqlClaims(Claims):
     """Atomic claims on measurement keys, in the same database as the measurements."""
 
     def __init__(self, engine: sa.engine.Engine, ttl_s: float = 600.0, owner: str | None = None,
-                 namespace: str = "") -> None:
+                 namespace: str = "", outage_s: float = 0.0) -> None:
         """``namespace``: the device whose measurements these claims guard. Measurements are
-        kept per device, so one device's done claim must not stop another from measuring."""
+        kept per device, so one device's done claim must not stop another from measuring.
+        ``outage_s``: how long each call waits for a database that went away
+        (``partune.store.outage``; every call here is safe to repeat)."""
         self.engine, self.ttl_s, self.owner = engine, ttl_s, owner or worker_id()
+        for name in ("claim", "done", "release", "is_done", "holder"):
+            setattr(self, name, patiently(getattr(self, name), outage_s))
         self.prefix = f"{namespace}/" if namespace else ""
         meta = sa.MetaData()
         self.table = sa.Table("partune_claims", meta,
@@ -42,6 +47,8 @@ class SqlClaims(Claims):
         except IntegrityError:
             pass
         holder = self._holder(key)
+        if holder == self.owner:  # ours already: an insert whose answer was lost, then repeated
+            return True
         dead = holder is not None and not alive(holder)
         with self.engine.begin() as c:  # take over an expired claim, or a dead worker's, atomically
             stale = (t.c.expires < now) | ((t.c.owner == holder) & (t.c.expires < DONE) if dead else False)

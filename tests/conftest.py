@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 
@@ -61,6 +63,22 @@ def _as_postgres(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
 
+@dataclass(frozen=True)
+class PostgresServer:
+    """The session's PostgreSQL: where it listens, and ``pg_ctl`` to stop and start it (a
+    test of riding out an outage)."""
+
+    host: str
+    port: int
+    pg_ctl: Callable[[str], object]
+
+    def stop(self) -> None:
+        self.pg_ctl("stop")
+
+    def start(self) -> None:
+        self.pg_ctl("start")
+
+
 @pytest.fixture(scope="session")
 def postgres_server():
     """A real PostgreSQL on loopback, for this session: (host, port).
@@ -85,14 +103,16 @@ def postgres_server():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run = lambda *cmd: subprocess.run(_as_postgres(list(cmd)), check=True, capture_output=True, text=True)  # noqa: E731
+    options = ["-w", "-t", "60", "-l", os.path.join(root, "log"), "-o",
+               f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"]
     try:
         run(f"{bin_dir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
-        run(f"{bin_dir}/pg_ctl", "-D", data, "-w", "-t", "60", "-l", os.path.join(root, "log"), "-o",
-            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200", "start")
+        run(f"{bin_dir}/pg_ctl", "-D", data, *options, "start")
     except subprocess.CalledProcessError as e:
         shutil.rmtree(root, ignore_errors=True)
         raise RuntimeError(f"PostgreSQL did not start: {e.stderr.strip()[-300:]}") from e
-    yield "127.0.0.1", port
+    yield PostgresServer("127.0.0.1", port, lambda action: run(f"{bin_dir}/pg_ctl", "-D", data,
+                                                                *(options if action == "start" else ["-m", "fast"]), action))
     subprocess.run(_as_postgres([f"{bin_dir}/pg_ctl", "-D", data, "-m", "immediate", "stop"]), capture_output=True)
     shutil.rmtree(root, ignore_errors=True)
 
@@ -102,7 +122,7 @@ def postgres_url(postgres_server, request):
     """A fresh, empty database on the session's PostgreSQL, as a storage URL."""
     import psycopg2
 
-    host, port = postgres_server
+    host, port = postgres_server.host, postgres_server.port
     name = "t_" + "".join(c if c.isalnum() else "_" for c in request.node.name)[-50:].lower()
     conn = psycopg2.connect(host=host, port=port, user="postgres", dbname="postgres")
     conn.autocommit = True

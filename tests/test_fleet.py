@@ -8,8 +8,12 @@ tests (a fresh database each): they never enter a benchmark's store.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
 
 import optuna
@@ -67,3 +71,39 @@ def test_fleet_three_workers_two_devices_one_postgres_store(tmp_path, postgres_u
     studies = _measurements(postgres_url)
     assert len(studies) == 2 and len(studies[device]) == len(keys) and studies.keys() - {device}
     assert all(t.state != optuna.trial.TrialState.RUNNING for ts in studies.values() for t in ts)
+
+
+@pytest.fixture
+def slow_backend():
+    from partune.backends import registry
+
+    registry.register("slow", "tests.crash_backend:SlowBackend")  # travels to the servers in the settings
+    yield
+    registry.unregister("slow")
+
+
+def test_fleet_a_device_killed_mid_measurement_is_retried_on_the_other(tmp_path, slow_backend):
+    from partune.core.graph import DataflowGraph
+    from partune.core.scopes import CompilationConfig
+    from partune.runners.builder import region_request
+    from partune.runners.rpc import RPCRunner
+    from tests.graphs import Chain
+
+    log = tmp_path / "builds.log"
+    log.touch()
+    with loopback_fleet({"fleet": 2}, env={"SLOW_LOG": str(log), "SLOW_BUILD_S": "4"}) as (tracker, _):
+        runner = RPCRunner(tracker, "fleet", timeout_s=120)
+        request = region_request(Chain, DataflowGraph.from_function(Chain["main"]), (0,),
+                                 CompilationConfig.for_cpu(["slow"]).scope_for("slow"))
+        done: dict = {}
+        thread = threading.Thread(target=lambda: done.update(m=runner.run(request)))
+        thread.start()
+        deadline = time.monotonic() + 120
+        while not log.read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        first = int(log.read_text().split()[0])
+        os.killpg(first, signal.SIGKILL)  # the device that took the request, mid-build
+        thread.join(timeout=180)
+    builders = log.read_text().split()
+    assert done["m"].ok, done["m"].error
+    assert len(builders) == 2 and builders[1] != builders[0]  # measured again, on the other device
