@@ -14,6 +14,7 @@ per-op translators are in ``onnx_ops``, the graph builder in ``onnx_graph``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,10 @@ from partune.backends.onnx_idioms import fuse_idioms
 from partune.backends.onnx_ops import TRANSLATORS
 
 MIN_OPSET = 17  # LayerNormalization
+# Called after each binding of the translated function's own body: (binding index, binding,
+# the graph, the index of the first ONNX node it made). ``partune.partition_onnx`` uses it to
+# label every ONNX node with the binding, and so the plan region, it came from.
+BindingHook = Callable[[int, relax.VarBinding, _Graph, int], None]
 
 
 def _translate_value(g: _Graph, value: Any, ty: tvm.ir.Type) -> Value:
@@ -62,18 +67,23 @@ def _translate_value(g: _Graph, value: Any, ty: tvm.ir.Type) -> Value:
     raise BackendError(f"binding of {type(value).__name__} not supported")
 
 
-def _translate_body(g: _Graph, body: Any) -> Value:
+def _translate_body(g: _Graph, body: Any, on_binding: BindingHook | None = None) -> Value:
     if not isinstance(body, relax.SeqExpr):
         return g.value(body)
+    index = -1  # the binding's position in the body (``DataflowGraph`` node index for main)
     for block in body.blocks:
         for binding in block.bindings:
+            index += 1
             if not isinstance(binding, relax.VarBinding):
                 raise BackendError(f"{type(binding).__name__} not supported")
             if isinstance(binding.value, relax.Function):
                 g.env[binding.var] = binding.value  # inlined at its call sites
                 continue
             g.hint = binding.var.name
+            start = len(g.nodes)
             g.bind(binding.var, _translate_value(g, binding.value, binding.var.ty))
+            if on_binding is not None:
+                on_binding(index, binding, g, start)
     return g.value(body.body)
 
 
@@ -140,29 +150,35 @@ def _check_types(model: onnx.ModelProto, expected: dict[str, tuple[str, tuple[in
                 raise BackendError(f"{info.name}: ONNX shape {dims}, Relax says {list(want[1])}")
 
 
-def _build(g: _Graph, result: Value, ret_ty: tvm.ir.Type) -> onnx.ModelProto:
+def _build(g: _Graph, result: Value, ret_ty: tvm.ir.Type, fuse: bool = True) -> onnx.ModelProto:
     outputs, out_types = _flatten(result), _flat_types(ret_ty)
     if len(outputs) != len(out_types):
         raise BackendError("result does not match the return type")
     shapes = {name: shape for name, (_, shape) in g.expected.items()}
     shapes |= {i.name: tuple(d.dim_value for d in i.type.tensor_type.shape.dim) for i in g.inputs}
     ranks = {name: len(shape) for name, shape in shapes.items()}
-    model = fuse_idioms(_make_model(g, outputs, out_types), ranks, shapes)
+    model = _make_model(g, outputs, out_types)
+    if fuse:
+        model = fuse_idioms(model, ranks, shapes)
     _check_types(model, g.expected)
     return model
 
 
-def relax_to_onnx(func: relax.Function, opset: int = MIN_OPSET) -> onnx.ModelProto:
+def relax_to_onnx(func: relax.Function, opset: int = MIN_OPSET,
+                  on_binding: BindingHook | None = None) -> onnx.ModelProto:
     """Translate a static-shape Relax function into one checked ONNX model.
 
     Tensor params become graph inputs (in order), ``relax.Constant`` weights become
     initializers, and the returned tensor or (nested) tuple becomes the graph outputs,
     flattened in order. Raises ``BackendError`` on anything it cannot translate exactly.
+    With ``on_binding`` (``BindingHook``) the idiom fusion is left out, so that every ONNX
+    node stays the work of one binding (a fused HardSwish may span several).
     """
     if opset < MIN_OPSET:
         raise BackendError(f"opset {opset} < {MIN_OPSET}")
     g = _Graph(opset)
     for param in func.params:
         g.env[param] = g.add_input(param.name, param.ty)
-    result = _translate_body(g, func.body)
-    return _build(g, result, func.body.body.ty if isinstance(func.body, relax.SeqExpr) else func.ret_ty)
+    result = _translate_body(g, func.body, on_binding)
+    ret_ty = func.body.body.ty if isinstance(func.body, relax.SeqExpr) else func.ret_ty
+    return _build(g, result, ret_ty, fuse=on_binding is None)

@@ -4,12 +4,14 @@ The plan is applied, the library regions are saved one file each (the Relax func
 as TVM JSON, from which the loading process rebuilds the kernel), the whole module is
 compiled and exported with ``export_library``, and a manifest records checksums, the
 environment and the model's inputs, so a changed file or a different environment is
-refused at load time instead of running something else.
+refused at load time instead of running something else. Beside it goes the partition as
+an annotated ONNX file (``partition.onnx``) to look at in Netron.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -23,22 +25,66 @@ from partune.core import partition
 from partune.core.plan import Plan
 from partune.core.versions import deploy_environment, device_fingerprint
 from partune.deployed import FORMAT, MANIFEST
+from partune.partition_onnx import write_partition_onnx
 from partune.runners.builder import install_codegen, main_compiler, partition_plan
+from partune.store.claims import pid_alive
 
 LIBRARY = "model.so"
 MODEL_FILE = "model.onnx"  # a model-file plan's graph
 
 
 def export(model, plan: Plan, out: str | Path, threads: int = 1) -> Path:
-    """Compile ``model`` under ``plan`` into ``out`` (replaced if it exists); returns ``out``."""
+    """Compile ``model`` under ``plan`` into ``out`` (replaced if it exists); returns ``out``.
+
+    The directory is built in a staging folder beside ``out`` and moved into place whole:
+    an export killed half way leaves the previous deployment as it was, never a half-written
+    one, and the next export clears what the killed one left."""
     out = Path(out)
     plan.validate(model.graph, registry.names())
+    if out.exists() and not (out / MANIFEST).is_file() and any(out.iterdir()):
+        raise FileExistsError(f"{out} exists and is not a deploy directory: not overwriting it")
+    _clear_leftovers(out)
+    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+    staging.mkdir(parents=True)
+    try:
+        (_export_model_file if plan.model_file is not None else _export_regions)(model, plan, staging, threads)
+        _move_into_place(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _leftover_owner(path: Path, out: Path) -> int | None:
+    """The process id in a staging (``.partial-PID``) or retired (``.old-PID``) folder's name."""
+    for kind in ("partial", "old"):
+        prefix = f".{out.name}.{kind}-"
+        if path.name.startswith(prefix) and path.name[len(prefix):].isdigit():
+            return int(path.name[len(prefix):])
+    return None
+
+
+def _clear_leftovers(out: Path) -> None:
+    """Remove the staging folders of exports to ``out`` whose process is gone (killed)."""
+    if not out.parent.is_dir():
+        return
+    for path in out.parent.glob(f".{out.name}.*-*"):
+        pid = _leftover_owner(path, out)
+        if pid is not None and not pid_alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """``staging`` becomes ``out``; an existing ``out`` is retired first, then removed."""
+    retired = out.parent / f".{out.name}.old-{os.getpid()}"
     if out.exists():
-        if not (out / MANIFEST).is_file() and any(out.iterdir()):
-            raise FileExistsError(f"{out} exists and is not a deploy directory: not overwriting it")
-        shutil.rmtree(out)
-    if plan.model_file is not None:
-        return _export_model_file(model, plan, out, threads)
+        out.rename(retired)
+    staging.rename(out)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _export_regions(model, plan: Plan, out: Path, threads: int) -> Path:
+    """A partitioned plan: its library regions one file each, the rest compiled into ``model.so``."""
     (out / "regions").mkdir(parents=True)
     partitioned = partition_plan(plan, model.mod, model.graph, prefix="deploy")
     regions = []
@@ -69,7 +115,6 @@ def _export_model_file(model, plan: Plan, out: Path, threads: int) -> Path:
 
     data = model_onnx(model)
     build_model_file(plan, data, model.inputs, threads)  # the file is the plan's, and it loads
-    out.mkdir(parents=True)
     (out / MODEL_FILE).write_bytes(data)
     library = plan.model_file.library
     return _finish(model, plan, out, threads, {"model_file": plan.model_file.to_json() | {"file": MODEL_FILE},
@@ -94,4 +139,7 @@ def _finish(model, plan: Plan, out: Path, threads: int, contents: dict) -> Path:
         **contents, "files": checksums(out, files),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    # The partition for Netron (``partition_onnx``): written after the manifest, so it is not
+    # part of what loads and is checked; a model the exporter cannot translate simply has none.
+    write_partition_onnx(plan, model, out)
     return out

@@ -1,7 +1,9 @@
 """``partune report``: a tuning job as a page a person can read — Markdown and PNG plots.
 
 Everything comes from the storage (the study's best plan and its notes, the refinement
-study's trials) plus the model itself for the graph picture; nothing is measured here.
+study's trials, the measurements of every candidate) plus the model itself for the graph
+picture and the partition as ONNX (for Netron); nothing is measured here. The page opens
+with what to try next, derived from those numbers (``report_regions.next_steps``).
 """
 
 from __future__ import annotations
@@ -10,14 +12,22 @@ from pathlib import Path
 
 import optuna
 
-from partune.core.graph import DataflowGraph
+from partune.core.describe import region_label
+from partune.core.keys import candidate_key
 from partune.core.plan import Plan
-
-COLOURS = {"tvm": "#4c72b0", "torch": "#dd8452", "onnxruntime": "#55a868", "openvino": "#c44e52"}
-
-
-def _colour(backend: str) -> str:
-    return COLOURS.get(backend, "#8172b3")
+from partune.partition_onnx import write_partition_onnx
+from partune.report_graph import COLOURS, draw_graph
+from partune.report_graph import colour as _colour
+from partune.report_regions import (
+    SHOWN,
+    RegionTime,
+    facts,
+    next_steps,
+    plot_region_times,
+    region_times,
+    stored_measurements,
+)
+from partune.store.measurements import MEMORY
 
 
 def plot_history(end_to_end_s: dict[str, float], refine_values: list[float], path: Path) -> None:
@@ -76,41 +86,6 @@ def plot_shares(plan: Plan, path: Path) -> dict[str, tuple[int, float]]:
     return rows
 
 
-def plot_graph(graph: DataflowGraph, plan: Plan, path: Path, per_row: int = 50) -> None:
-    """The model's nodes in execution order, wrapped in rows, coloured by backend.
-
-    One square per node (post-DFS order, ``per_row`` to a row); a white gap marks where one
-    region ends and the next begins, so both the backend mix and the region sizes show.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
-
-    region_of = {n: k for k, r in enumerate(plan.regions) for n in r.nodes}
-    backend_of = {n: r.backend for r in plan.regions for n in r.nodes}
-    rows = (len(graph) + per_row - 1) // per_row
-    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.3 * rows))
-    for n in range(len(graph)):
-        x, y = n % per_row, -(n // per_row)
-        new_region = n > 0 and region_of.get(n) != region_of.get(n - 1)
-        gap = 0.3 if new_region else 0.0  # nodes of one region touch; a region starts after a gap
-        ax.add_patch(Rectangle((x + gap, y), 1.0 - gap, 0.8, color=_colour(backend_of.get(n, "?")), lw=0))
-    ax.set_xlim(-0.5, per_row + 0.5)
-    ax.set_ylim(-rows + 0.5, 1.3)
-    ax.axis("off")
-    used = sorted(set(backend_of.values()))
-    ax.legend(handles=[Patch(color=_colour(b), label=f"{b} ({sum(v == b for v in backend_of.values())})")
-                       for b in used], loc="upper left", ncol=len(used), frameon=False,
-              bbox_to_anchor=(0, 1.02 + 0.6 / (rows + 1)))
-    ax.set_title(f"{plan.model}: {len(graph)} nodes in execution order, {len(plan.regions)} regions",
-                 loc="right", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def plot_pareto(points: list[tuple[float, float]], front: list[dict], path: Path) -> None:
     """Latency against peak memory: every refinement trial, and the Pareto front."""
     import matplotlib
@@ -133,26 +108,43 @@ def plot_pareto(points: list[tuple[float, float]], front: list[dict], path: Path
     plt.close(fig)
 
 
-def write_report(storage: str, study_name: str, plan: Plan, out: Path, model=None,
-                 refine_study: str | None = None) -> Path:
-    """Write ``out``/report.md and its PNGs for the job whose emitted plan is ``plan``
-    (``refine_study``: the job's refinement study); returns the Markdown path."""
+def _region_rows(storage: str, plan: Plan, model) -> tuple[list[RegionTime], list[str]]:
+    """Per region its time and best alternative (from the store), and a label naming its ops."""
+    if model is None:  # no graph: the plan's own costs, no alternatives
+        return ([RegionTime(k, r.backend, len(r.nodes), r.cost_s, False) for k, r in enumerate(plan.regions)],
+                [f"r{k:02d} {r.backend}" for k, r in enumerate(plan.regions)])
+    graph = model.graph
+    wanted = {candidate_key(graph, tuple(sorted(r.nodes)), r.scope) for r in plan.regions}
+    rows = region_times(graph, plan, stored_measurements(storage, wanted) if storage != MEMORY else {})
+    labels = [f"r{k:02d} {region_label(graph, r.nodes, 32)}" for k, r in enumerate(plan.regions)]
+    return rows, labels
+
+
+def _region_lines(rows: list[RegionTime], labels: list[str]) -> list[str]:
+    """The Markdown section of the region plot: the picture, then the slowest regions as a table."""
+    lines = ["## Each region against its best alternative", "",
+             "Isolated times (best sample) from the measurement store: the region on its backend, and the "
+             "fastest other backend measured on the same nodes (exactly, or summed over measured runs of them).",
+             "", "![regions](regions.png)", ""]
+    guessed = sum(not r.measured for r in rows)
+    if guessed:
+        lines += [f"{guessed} of {len(rows)} regions have no stored measurement: their time is the plan's "
+                  f"cost (calibrated to the whole model), with no alternative.", ""]
+    lines += ["| region | backend | us | best alternative | us |", "|---|---|---|---|---|"]
+    slowest = sorted(rows, key=lambda r: -(r.time_s or 0.0))[:SHOWN]
+    for r in sorted(slowest, key=lambda r: r.index):
+        t = f"{r.time_s * 1e6:.1f}" if r.time_s is not None else "?"
+        alt = (f"{r.best.backend}{'' if r.best.exact else ' (cover)'} | {r.best.time_s * 1e6:.1f}"
+               if r.best is not None else "none measured | ")
+        lines.append(f"| {labels[r.index]} | {r.backend} | {t} | {alt} |")
+    return lines + [""]
+
+
+def _headline(study_name: str, plan: Plan) -> list[str]:
+    """The emitted plan, how it stands against the best peer, and the DP's estimate."""
     notes = plan.notes
-    out.mkdir(parents=True, exist_ok=True)
-    trials = []
-    if refine_study is not None:
-        trials = [t for t in optuna.load_study(study_name=refine_study, storage=storage).trials
-                  if t.state == optuna.trial.TrialState.COMPLETE and all(v < float("inf") for v in t.values)]
-    plot_history(notes.get("end_to_end_s", {}), [t.values[0] for t in trials], out / "history.png")
-    front = [f for f in notes.get("pareto_front", []) if f.get("peak_bytes") is not None]
-    if front:
-        plot_pareto([(t.values[0], t.values[1]) for t in trials if len(t.values) > 1], front, out / "pareto.png")
-    shares = plot_shares(plan, out / "shares.png")
-    if model is not None:
-        plot_graph(model.graph, plan, out / "graph.png")
     lines = [f"# {plan.model}: tuning job '{study_name}'", ""]
     chosen = notes.get("chosen_as", "?")
-    verdict = notes.get("verdict_median_s", {})
     if plan.model_file is not None:
         lines.append(f"Emitted plan: **{chosen}**: no partitioned plan beat the model's own ONNX graph "
                      f"({plan.model_file.origin}) under {plan.model_file.library}, so that is the plan "
@@ -168,10 +160,52 @@ def write_report(storage: str, study_name: str, plan: Plan, out: Path, model=Non
         est, meas = notes["dp_estimate_s"], notes["end_to_end_s"][notes["dp_label"]]
         lines.append(f"DP estimate {est * 1e3:.3f} ms vs measured {meas * 1e3:.3f} ms ({est / meas - 1:+.0%}); "
                      f"{notes.get('border_model', '')}.")
+    return lines
+
+
+def _partition_lines(model, plan: Plan, out: Path) -> list[str]:
+    """The graph picture and the partition as ONNX (for Netron), or why there is none."""
+    if model is None:
+        return []
+    files = draw_graph(model.graph, plan, out)
+    lines = ["## The partition", "", "![graph](graph.png)", ""]
+    if any(f.suffix == ".svg" for f in files):
+        lines += ["Zoomable: [graph.svg](graph.svg) (Graphviz source: graph.dot).", ""]
+    written = write_partition_onnx(plan, model, out)
+    if written.path is not None:
+        lines += [f"[{written.path.name}]({written.path.name}): the model's graph as ONNX ({written.nodes} "
+                  "nodes), each named after its region (`r03_openvino/...`) and carrying `partune.backend`, "
+                  "`partune.region` and `partune.scope` as node metadata: open it in Netron.", ""]
+    else:
+        lines += [f"No partition ONNX: {written.reason}.", ""]
+    return lines
+
+
+def write_report(storage: str, study_name: str, plan: Plan, out: Path, model=None,
+                 refine_study: str | None = None) -> Path:
+    """Write ``out``/report.md and its PNGs for the job whose emitted plan is ``plan``
+    (``refine_study``: the job's refinement study); returns the Markdown path."""
+    notes = plan.notes
+    out.mkdir(parents=True, exist_ok=True)
+    trials = []
+    if refine_study is not None:
+        trials = [t for t in optuna.load_study(study_name=refine_study, storage=storage).trials
+                  if t.state == optuna.trial.TrialState.COMPLETE and all(v < float("inf") for v in t.values)]
+    plot_history(notes.get("end_to_end_s", {}), [t.values[0] for t in trials], out / "history.png")
+    front = [f for f in notes.get("pareto_front", []) if f.get("peak_bytes") is not None]
+    if front:
+        plot_pareto([(t.values[0], t.values[1]) for t in trials if len(t.values) > 1], front, out / "pareto.png")
+    shares = plot_shares(plan, out / "shares.png")
+    rows, labels = _region_rows(storage, plan, model)
+    plot_region_times(rows, labels, out / "regions.png", COLOURS)
+    lines = _headline(study_name, plan)
+    lines += ["", "## What to try next", "", " ".join(next_steps(facts(plan, rows)))]
     lines += ["", "## Finalists and peers (one process, interleaved)", "",
               "| contender | median ms |", "|---|---|"]
-    lines += [f"| {k} | {v * 1e3:.3f} |" for k, v in sorted(verdict.items(), key=lambda kv: kv[1])]
-    lines += ["", "## Plans measured end to end", "", "![history](history.png)", "",
+    lines += [f"| {k} | {v * 1e3:.3f} |" for k, v in sorted(notes.get("verdict_median_s", {}).items(),
+                                                            key=lambda kv: kv[1])]
+    lines += ["", *_partition_lines(model, plan, out), *_region_lines(rows, labels)]
+    lines += ["## Plans measured end to end", "", "![history](history.png)", "",
               "## Where the time goes", "", "| backend | nodes | region time |", "|---|---|---|"]
     total = sum(t for _, t in shares.values()) or 1.0
     lines += [f"| {b} | {n} | {t / total:.1%} |" for b, (n, t) in sorted(shares.items())]
@@ -184,8 +218,6 @@ def write_report(storage: str, study_name: str, plan: Plan, out: Path, model=Non
         lines += [f"| PLAN.front{i}.json | {f['latency_s'] * 1e3:.3f} | {f['peak_bytes'] / 2**20:.1f} | "
                   f"{'+'.join(f['backends'])} |" for i, f in enumerate(front, 1)]
         lines += ["", "![pareto](pareto.png)", ""]
-    if model is not None:
-        lines += ["## The model by backend", "", "![graph](graph.png)", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

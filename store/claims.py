@@ -28,8 +28,13 @@ def alive(owner: str) -> bool:
     host, _, pid = owner.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return True
+    return pid_alive(int(pid))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this machine is still there (one we may not signal counts)."""
     try:
-        os.kill(int(pid), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:

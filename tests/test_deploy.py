@@ -110,7 +110,7 @@ def test_status_report_and_export_of_a_study(tmp_path, capsys):
     chosen = json.loads((tmp_path / "plan.json").read_text())["notes"]["chosen_as"]
     assert f"Emitted plan: **{chosen}**" in report
     pngs = {p.name: p for p in (tmp_path / "report").glob("*.png")}
-    assert set(pngs) == {"history.png", "shares.png", "graph.png"}
+    assert set(pngs) == {"history.png", "shares.png", "graph.png", "regions.png"}
     from matplotlib.image import imread
 
     for name, path in pngs.items():  # real pictures, not empty canvases
@@ -124,3 +124,35 @@ def test_status_report_and_export_of_a_study(tmp_path, capsys):
     assert main(["run", str(tmp_path / "dep")]) == 0
     assert "max |err|" in capsys.readouterr().out
     assert main(["export", "--study", "nope", "--storage", url, "-o", str(tmp_path / "d2")]) == 2
+
+
+def test_an_export_killed_half_way_leaves_the_last_deployment_whole(tmp_path):
+    """SIGKILL in the middle of `partune export`: the previous directory still loads, and the
+    next export clears what the killed one left and replaces it."""
+    import os
+    import signal
+    import time
+
+    from partune.deployed import load
+    from partune.models import load_onnx
+    from tests.model_files import write_onnx
+
+    model_file = write_onnx(tmp_path / "tiny.onnx")
+    out = tmp_path / "dep"
+    plan = tmp_path / "plan.json"
+    graph = load_onnx(model_file).graph
+    Plan("tiny", graph.fingerprint, CONFIG, (Region(tuple(range(len(graph))), CONFIG.scope_for("tvm")),)).save(plan)
+    cmd = [sys.executable, "-m", "partune.cli", "export", str(model_file), "--plan", str(plan), "-o", str(out)]
+    assert subprocess.run(cmd, cwd=ROOT, capture_output=True).returncode == 0
+    before = (out / "manifest.json").read_text()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".dep.partial-*")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list(tmp_path.glob(".dep.partial-*")), "the export never started staging"
+    assert (out / "manifest.json").read_text() == before
+    load(out)  # the last deployment is whole
+    assert subprocess.run(cmd, cwd=ROOT, capture_output=True).returncode == 0
+    assert not list(tmp_path.glob(".dep.*")) and load(out) is not None
