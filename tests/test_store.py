@@ -154,3 +154,26 @@ def test_a_postgres_outage_is_waited_out_and_nothing_is_lost(postgres_server, po
     keys = [t.user_attrs["key"] for t in again.study.get_trials()]
     assert sorted(keys) == ["before", "during"]
     assert again.claims.is_done("during")
+
+
+def test_a_bad_postgres_password_or_a_truncated_sqlite_file_is_one_line(tmp_path, capsys):
+    """Exit 2 and one line naming the storage, never a traceback, and never a wait: a
+    wrong password will not get better by waiting for it."""
+    import contextlib
+    import time
+
+    from partune.cli import main
+    from tests.postgres import local_postgres, postgres_bin
+
+    broken = tmp_path / "cut.db"
+    broken.write_bytes(b"SQLite format 3\x00" + bytes(3000))
+    urls = [f"sqlite:///{broken}"]
+    with contextlib.ExitStack() as stack:
+        if postgres_bin() is not None:
+            urls.append(stack.enter_context(local_postgres(password="right")).url(password="wrong"))
+        for url in urls:
+            started = time.monotonic()
+            assert main(["status", "--storage", url]) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0 and err.startswith("partune: error: cannot open storage"), err
+            assert "Traceback" not in err and time.monotonic() - started < 30
