@@ -66,3 +66,9 @@ class Claims(ABC):
     @abstractmethod
     def holder(self, key: str) -> str | None:
         """Who holds ``key`` (None when nobody does)."""
+
+    def sweep(self) -> int:
+        """Release claims left in progress by workers that are gone (killed), so nothing
+        looks held that nobody holds; how many. Nothing to do where claims die with
+        their process."""
+        return 0

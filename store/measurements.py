@@ -62,6 +62,7 @@ class MeasurementStore:
         self._retried: set[str] = set()
         self.refresh()
         self._failures_at_start = dict(self._failures)
+        self.claims.sweep()  # what killed workers of this host left in progress
 
     def refresh(self) -> None:
         """Read what other runs and workers stored since we last looked (the latest
@@ -89,7 +90,7 @@ class MeasurementStore:
         state = optuna.trial.TrialState.COMPLETE if m.ok else optuna.trial.TrialState.FAIL
         trial = optuna.trial.create_trial(
             state=state, value=m.cost_s if m.ok else None,
-            user_attrs={"key": key, "m": m.to_json(), "label": label, "pid": os.getpid()})
+            user_attrs={"key": key, "m": m.to_json(), "label": label, "pid": os.getpid(), "worker": self.claims.owner})
         self._add_trial(trial)
         self._cache[key] = m
         self._failures[key] = self._failures.get(key, 0) + (not m.ok)

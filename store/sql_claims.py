@@ -27,7 +27,7 @@ class SqlClaims(Claims):
         ``outage_s``: how long each call waits for a database that went away
         (``partune.store.outage``; every call here is safe to repeat)."""
         self.engine, self.ttl_s, self.owner = engine, ttl_s, owner or worker_id()
-        for name in ("claim", "done", "release", "is_done", "holder"):
+        for name in ("claim", "done", "release", "is_done", "holder", "sweep"):
             setattr(self, name, patiently(getattr(self, name), outage_s))
         self.prefix = f"{namespace}/" if namespace else ""
         meta = sa.MetaData()
@@ -80,3 +80,15 @@ class SqlClaims(Claims):
     def _holder(self, key: str) -> str | None:
         with self.engine.connect() as c:
             return c.execute(sa.select(self.table.c.owner).where(self.table.c.key == key)).scalar()
+
+    def sweep(self) -> int:
+        """Delete in-progress claims whose owner died on this host or whose time ran out."""
+        t, now = self.table, time.time()
+        with self.engine.connect() as c:
+            rows = c.execute(sa.select(t.c.key, t.c.owner, t.c.expires)
+                             .where(t.c.expires < DONE, t.c.key.startswith(self.prefix))).all()
+        gone = [(key, owner) for key, owner, expires in rows if expires < now or not alive(owner)]
+        with self.engine.begin() as c:
+            for key, owner in gone:
+                c.execute(t.delete().where(t.c.key == key, t.c.owner == owner, t.c.expires < DONE))
+        return len(gone)

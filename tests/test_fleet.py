@@ -39,7 +39,7 @@ def _measurements(url: str) -> dict[str, list]:
 
 
 @pytest.mark.timeout(600)
-def test_fleet_three_workers_two_devices_one_postgres_store(tmp_path, postgres_url):
+def test_fleet_three_workers_two_devices_one_postgres_store(tmp_path, postgres_url, capsys):
     model = write_mlp_onnx(tmp_path / "mlp.onnx", layers=4)
     with loopback_fleet({"fleet": 2, "other": 1}) as (tracker, _):
         procs = [subprocess.Popen(_tune(model, tracker, "fleet", postgres_url, tmp_path / f"plan{i}.json"),
@@ -57,6 +57,13 @@ def test_fleet_three_workers_two_devices_one_postgres_store(tmp_path, postgres_u
         assert set(share) == {p.pid for p in procs}, "every worker measured"
         for n in share.values():  # (1/N) +- 20% of the keys each
             assert abs(n / len(candidates) - 1 / WORKERS) <= 0.2 / WORKERS, (share, len(candidates))
+        # `partune status` shows the fleet: the device, its rate, every worker that measured.
+        from partune.cli import main
+
+        assert main(["status", "--storage", postgres_url]) == 0
+        status = capsys.readouterr().out
+        assert "measuring in the last" in status and device in status
+        assert all(f":{p.pid} (" in status for p in procs), status
         # A single worker from the same store measures nothing and emits the same plan.
         single = subprocess.run(_tune(model, tracker, "fleet", postgres_url, tmp_path / "single.json"),
                                 cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)

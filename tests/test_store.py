@@ -177,3 +177,17 @@ def test_a_bad_postgres_password_or_a_truncated_sqlite_file_is_one_line(tmp_path
             err = capsys.readouterr().err.strip()
             assert err.count("\n") == 0 and err.startswith("partune: error: cannot open storage"), err
             assert "Traceback" not in err and time.monotonic() - started < 30
+
+
+def test_a_dead_workers_claims_are_swept_when_a_store_opens(storage_url):
+    """kill -9 leaves a claim in progress; the next worker to open the store releases it,
+    so `no claim is held forever` holds without waiting for its expiry."""
+    store = MeasurementStore(storage_url, "dev")
+    import socket
+
+    dead = SqlClaims(store.storage.engine, owner=f"{socket.gethostname()}:999999999", namespace="dev")
+    elsewhere = SqlClaims(store.storage.engine, owner="another-host:1", namespace="dev")
+    assert dead.claim("left-by-the-dead") and elsewhere.claim("held-elsewhere")
+    MeasurementStore(storage_url, "dev")  # a new worker opens the store
+    assert store.claims.holder("left-by-the-dead") is None
+    assert store.claims.holder("held-elsewhere") == "another-host:1"  # maybe alive: left alone

@@ -54,6 +54,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     jobs = [s for s in summaries if "best_plan" in s.user_attrs or "started" in s.user_attrs]
     print(f"{args.storage}: {sum(s.n_trials for s in stores)} measurements on {len(stores)} device(s), "
           f"{len(jobs)} tuning job(s)")
+    _print_fleet(args.storage)
     if not jobs:
         return 0
     now, rows = time.time(), []
@@ -63,6 +64,24 @@ def cmd_status(args: argparse.Namespace) -> int:
                           "<<><<>>", pipes=True):
         print(line)
     return 0
+
+
+def _print_fleet(storage, window_s: float = 600.0) -> None:
+    """The devices that measured in the last ``window_s``, their rate and their workers
+    (a worker's latest measurement is its heartbeat)."""
+    from partune.core.describe import fit_table
+    from partune.store.activity import fleet_activity
+
+    active = [d for d in fleet_activity(storage, window_s) if d.workers]
+    if not active:
+        return
+    rows = [[d.device, f"{d.per_minute:.1f}", str(d.measurements),
+             ", ".join(f"{w.worker} ({w.recent}, {format_duration(w.last_s)} ago)" for w in d.workers)]
+            for d in active]
+    print(f"measuring in the last {format_duration(window_s)}:")
+    for line in fit_table(("device", "per minute", "stored", "workers (measurements, last seen)"), rows, "<>><",
+                          pipes=True):
+        print(line)
 
 
 def _status_row(name: str, attrs: dict, trials: dict[str, int], now: float) -> list[str]:
