@@ -27,7 +27,7 @@ from partune.core.plan import Plan, Region, region_order
 from partune.core.scopes import CompilationConfig
 from partune.core.subgraph import SubGraph
 from partune.runners.timing import Measurement
-from partune.store.claims import worker_id
+from partune.store.claims import Claims, worker_id
 
 KEEP = "keep"
 
@@ -108,14 +108,14 @@ def _budget_left(study: optuna.Study, n_trials: int) -> bool:
 def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted: dict[str, set[int]],
            measure: Callable[[Plan], Measurement], storage: optuna.storages.BaseStorage, study_name: str,
            n_trials: int, *, seed: int = 0, deadline: float | None = None, memory: bool = False,
-           claim: Callable[[str], bool] | None = None) -> Refined | None:
+           claims: Claims | None = None) -> Refined | None:
     """Run the study until it holds ``n_trials`` trials (or ``deadline``, ``time.monotonic``,
     passes); the fastest variant measured, and with ``memory`` the Pareto front.
 
     ``accepted`` maps each backend on offer to the nodes it accepts; ``measure`` times a
     whole plan (and should store what it measures; with ``memory`` it must report
-    ``peak_bytes``). Several workers may run this on one study at once: ``claim``
-    (``Claims.claim``) lets only one of them queue the seeds, Optuna hands each trial to
+    ``peak_bytes``). Several workers may run this on one study at once: ``claims`` let
+    only one of them queue the seeds, Optuna hands each trial to
     one worker, and the budget counts every worker's trials. With ``memory`` the study
     has two objectives, latency and peak memory, and NSGA-II proposes the variants.
     """
@@ -128,8 +128,11 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
         directions = ["minimize"]
     study = optuna.create_study(study_name=study_name, storage=storage, sampler=sampler,
                                 directions=directions, load_if_exists=True)
-    if not study.trials and (claim is None or claim(f"seeds:{study_name}")):
+    seeds = f"seeds:{study_name}"
+    if not study.trials and (claims is None or claims.claim(seeds)):
         _seed(study, choices, accepted, config.default.backend)
+        if claims is not None:
+            claims.done(seeds)
     plans: dict[int, tuple[Plan, Measurement]] = {}
 
     def objective(trial: optuna.Trial) -> float | tuple[float, float]:

@@ -362,7 +362,7 @@ class SearchSession:
         refined = refine(self.graph, result.dp_plan, self.config, accepted,
                          lambda p: self.measure(p, "refine variant", fresh=opts.memory), self.store.storage,
                          result.refine_study, opts.refine_trials, deadline=opts.deadline, memory=opts.memory,
-                         claim=self.store.claims.claim)
+                         claims=self.store.claims)
         if refined is not None:
             result.front = refined.front
             if self.offer("partune refined", refined.plan):

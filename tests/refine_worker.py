@@ -38,7 +38,7 @@ def main(url: str, study: str, n_trials: int, log: str, slow_at: int = -1) -> No
         m, _ = store.obtain(plan_key(plan), take, "refine test")
         return m
 
-    refine(GRAPH, BASE, CONFIG, ACCEPTED, measure, store.storage, study, n_trials, claim=store.claims.claim)
+    refine(GRAPH, BASE, CONFIG, ACCEPTED, measure, store.storage, study, n_trials, claims=store.claims)
 
 
 if __name__ == "__main__":
