@@ -117,9 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MetaSchedule trials per tuned region (default 32)")
     t.add_argument("--cost-model", metavar="FILE|auto",
                    help="an XGBoost cost model (see `partune costmodel eval --save`), or 'auto' for the "
-                        "one kept beside the storage: measure only the 3 most promising candidates per "
-                        "DP frontier plus 10%% at random, learn from them, and let the DP use "
-                        "predictions for the rest (it measures any it picks). The model learns this "
+                        "one kept beside the storage: measure only the candidate it ranks cheapest at "
+                        "each DP frontier plus 5%% of the rest at random, learn from them, and let the DP "
+                        "use predictions for the rest (it measures any it picks). The model learns this "
                         "run's measurements and is saved (created if missing: the next model's search "
                         "starts from everything measured before)")
     t.add_argument("--peers", default="onnxruntime,openvino,torch.compile",

@@ -100,7 +100,7 @@ def _export_regions(model, plan: Plan, out: Path, threads: int) -> Path:
                         "virtual_device_id": scope.get("virtual_device_id") or 0})
     for backend in plan.backends:
         install_codegen(backend)
-    lowered = relax.transform.RunCodegen()(partitioned)
+    lowered = relax.transform.RunCodegen()(partitioned).without_attr("const_name_to_constant")  # see build_plan
     host = plan.config.host
     ex = main_compiler(plan).compile(lowered, host.tvm_target())  # type: ignore[attr-defined]
     ex.export_library(str(out / LIBRARY))

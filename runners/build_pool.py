@@ -39,6 +39,7 @@ from dataclasses import replace
 from typing import Generic, TypeVar
 
 from partune.backends import build_cache
+from partune.runners import memory
 from partune.runners.local import LocalRunner
 from partune.runners.protocol import (
     BuildReply,
@@ -109,11 +110,16 @@ class BuildPool:
     """Processes that build region requests into a build cache ahead of their measurement."""
 
     def __init__(self, cache_dir: str, workers: int = 1, *, threads: int = 1,
-                 cpus: Iterable[int] | None = None, timeout_s: float = 300.0) -> None:
+                 cpus: Iterable[int] | None = None, timeout_s: float = 300.0,
+                 max_builds: int | None = memory.MAX_REQUESTS,
+                 max_rss_bytes: int | None = memory.default_rss_limit()) -> None:
         """``workers`` processes (0: no pool, every call does nothing) on ``cpus`` (default:
         the cores ``split_cores(threads)`` leaves to the pool; none left means no pool).
         ``threads`` is the measuring runner's thread count: what is built for it is what it
         will load. ``timeout_s`` bounds one build; a worker past it is killed and replaced.
+        A worker is also replaced after ``max_builds`` builds, or when resident above
+        ``max_rss_bytes`` after one (``LocalRunner``'s limits; None: never): compilers keep
+        memory from build to build, and the pool must not grow beside the measurer.
         """
         self.cache_dir = os.path.abspath(cache_dir)
         self.threads = threads
@@ -128,7 +134,8 @@ class BuildPool:
         self._state: dict[str, str] = {}
         self._closed = False
         self._starting = max(0, int(workers)) if self.cpus else 0
-        self._runners = [LocalRunner(timeout_s, threads, cpus=self.cpus) for _ in range(self.workers)]
+        self._runners = [LocalRunner(timeout_s, threads, cpus=self.cpus, max_requests=max_builds,
+                                     max_rss_bytes=max_rss_bytes) for _ in range(self.workers)]
         self._threads = [threading.Thread(target=self._serve, args=(r,), daemon=True,
                                           name=f"build-pool-{i}") for i, r in enumerate(self._runners)]
         if self.workers:
@@ -211,6 +218,16 @@ class BuildPool:
                 f"{st['failed']} failed; the measurer waited {st['waited']} time(s), "
                 f"{st['wait_ms'] / 1e3:.1f} s in all")
         return line + (f" (last failure: {self.errors[-1]})" if self.errors else "")
+
+    @property
+    def peak_rss_bytes(self) -> int:
+        """The highest resident size any build worker reached (0: none reported)."""
+        return max((r.peak_rss_bytes for r in self._runners), default=0)
+
+    @property
+    def recycled(self) -> int:
+        """Build workers replaced for their size or their number of builds."""
+        return sum(r.recycled for r in self._runners)
 
     def started(self, timeout_s: float) -> bool:
         """Until every worker has started (imported its libraries); False if ``timeout_s`` ran out."""

@@ -103,7 +103,11 @@ def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltMode
     partitioned = partition_plan(plan, mod, graph, prefix=f"b{next(_build_ids)}")
     for name in plan.backends:
         install_codegen(name)
-    lowered = relax.transform.RunCodegen()(partitioned)
+    # Every kernel keeps its own weights (the codegens return no module and ignore
+    # ``constant_names``), so the constants RunCodegen collects for them would only be linked
+    # into a const loader: a C library compiled and loaded on every build, whose copy of the
+    # weights stays mapped for the life of the process.
+    lowered = relax.transform.RunCodegen()(partitioned).without_attr("const_name_to_constant")
     host = plan.config.host
     ex = main_compiler(plan).compile(lowered, host.tvm_target())  # type: ignore[attr-defined]
     device = tvm.device(host.device_type or "cpu", host.virtual_device_id or 0)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +39,13 @@ from partune.runners.protocol import (
     request_from_json,
 )
 from partune.runners.timing import Measurement, time_callable
+
+if TYPE_CHECKING:
+    import tvm
+
+    from partune.core.graph import DataflowGraph
+    from partune.core.plan import Plan
+    from partune.runners.builder import BuiltModel
 
 
 def _region(req: RegionRequest | TuneRequest | BuildRequest):
@@ -111,7 +119,6 @@ def measure_plan(req: PlanRequest) -> MeasurementReply:
 
     from partune.backends import registry
     from partune.core.graph import DataflowGraph
-    from partune.runners.builder import build_plan
 
     registry.set_threads(req.threads)
     mod = tvm.ir.load_json(req.module)
@@ -122,7 +129,7 @@ def measure_plan(req: PlanRequest) -> MeasurementReply:
         _warm_up(plan)
     memory.trim()
     before = memory.resident_bytes()
-    run = build_plan(plan, mod, graph).prepare(inputs)
+    run = build_plan_here(plan, mod, graph).prepare(inputs)
     memory.trim()  # the compilers' freed memory is not the plan's
     reset = memory.reset_peak()
     m = time_callable(run, req.protocol)
@@ -131,18 +138,38 @@ def measure_plan(req: PlanRequest) -> MeasurementReply:
     return MeasurementReply(dataclasses.replace(m, peak_bytes=footprint))
 
 
+def build_plan_here(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltModel:
+    """``build_plan``, its kernels then dropped from TVM's global registry.
+
+    The codegens register each region's kernel (an ORT session, an OpenVINO compiled model,
+    a torch module with its weights) as a global function under a symbol unique to the
+    build; the VM takes its own reference when it is made. Left registered, every plan a
+    worker ever built stays alive in it; dropped, a plan's kernels go with its VM.
+    """
+    import tvm_ffi
+
+    from partune.runners.builder import build_plan
+
+    built = build_plan(plan, mod, graph)
+    for func in built.module.functions.values():
+        attrs = func.attrs
+        if attrs is not None and "Codegen" in attrs and "global_symbol" in attrs:
+            tvm_ffi.remove_global_func(str(attrs["global_symbol"]))
+    return built
+
+
 def _warm_up(plan) -> None:
     """Load each backend of ``plan`` and its compiler on a one-op model first, so that the
     footprint measured next is the plan's own, not the libraries' code every plan loads."""
     from partune.core.graph import DataflowGraph
     from partune.core.plan import Plan, Region
-    from partune.runners.builder import build_plan, calibration_module
+    from partune.runners.builder import calibration_module
 
     mod = calibration_module()
     graph = DataflowGraph.from_function(mod["main"])
     for scope in {r.scope for r in plan.regions}:
         one = Plan("warm-up", graph.fingerprint, plan.config, (Region((0,), scope),))
-        build_plan(one, mod, graph)([np.ones(1, "float32")])
+        build_plan_here(one, mod, graph)([np.ones(1, "float32")])
 
 
 def measure_compare(req: CompareRequest) -> MeasurementsReply:
@@ -153,7 +180,6 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
     """
     from partune.backends import registry
     from partune.core.plan import Plan
-    from partune.runners.builder import build_plan
     from partune.runners.peers import make_peer
     from partune.runners.timing import time_interleaved
 
@@ -165,7 +191,7 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
             key = label + json.dumps(c.to_json() if isinstance(c, Plan) else c, sort_keys=True, default=str)
             if key not in ctx.built:
                 if isinstance(c, Plan):
-                    ctx.built[key] = build_plan(c, ctx.mod, ctx.graph).prepare(ctx.inputs)
+                    ctx.built[key] = build_plan_here(c, ctx.mod, ctx.graph).prepare(ctx.inputs)
                 else:
                     ctx.built[key] = make_peer(c, ctx.inputs, registry.threads())
             fns[label] = ctx.built[key]
@@ -180,7 +206,8 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
 class _Comparison:
     """The comparison this process takes part in (one at a time): the model, its inputs and
     the contenders built so far. A worker that times one contender of an isolated comparison
-    (``partune.runners.isolated``) round after round loads and builds all of it once."""
+    (``partune.runners.isolated``) round after round loads and builds all of it once. Any
+    other request ends the comparison (``handle``): what it built is released."""
 
     mod: Any
     graph: Any
@@ -207,6 +234,18 @@ def _context_for(req: CompareRequest) -> _Comparison:
     return _CURRENT[of]
 
 
+def _end_comparison() -> None:
+    """Release what the last comparison built: its contenders (sessions, VMs, weights), and
+    torch.compile's caches of them (dynamo keeps each compiled graph, frozen weights and all,
+    until it is reset)."""
+    if _CURRENT:
+        _CURRENT.clear()
+        if "torch" in sys.modules:
+            import torch
+
+            torch._dynamo.reset()
+
+
 # Every request type and what answers it (a region's reply also says how its build went).
 HANDLERS: dict[type, Callable[[Any], Reply]] = {
     RegionRequest: measure_region, PlanRequest: measure_plan, CompareRequest: measure_compare,
@@ -225,6 +264,8 @@ def _failure(build: bool, e: Exception) -> Reply:
 def handle(req: Request) -> Reply:
     """One request -> one reply (``HANDLERS``); Python errors become failed measurements
     (a build request's: an ``ErrorReply``)."""
+    if not isinstance(req, CompareRequest):
+        _end_comparison()
     try:
         if req.settings is not None:  # what the search process has (``Runner.addressed``)
             from partune.backends import registry

@@ -51,6 +51,28 @@ class TuningStats:
 
 
 @dataclass
+class MemoryPeaks:
+    """The highest resident size (bytes) each kind of process reached; 0 where not known (a
+    remote runner, no build pool). Shown so that a search near the machine's memory says where."""
+
+    search: int = 0
+    measuring: int = 0  # the measuring workers, each replaced one included
+    measuring_recycled: int = 0  # measuring workers replaced for their size or age
+    build_pool: int = 0
+    build_pool_recycled: int = 0
+
+    @classmethod
+    def of(cls, runner: object, pool: object = None) -> MemoryPeaks:
+        """This process's peak, and what ``runner`` and ``pool`` saw of their workers' peaks
+        (``LocalRunner.peak_rss_bytes``, ``BuildPool.peak_rss_bytes``)."""
+        import resource
+
+        return cls(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # KiB on Linux
+                   getattr(runner, "peak_rss_bytes", 0), getattr(runner, "recycled", 0),
+                   getattr(pool, "peak_rss_bytes", 0), getattr(pool, "recycled", 0))
+
+
+@dataclass
 class Verdict:
     """Finalist plans and peers, timed interleaved in one process."""
 
@@ -90,3 +112,4 @@ class TuneResult:
     cost_model: object = None  # the cost model after learning from this run's measurements
     refine_study: str | None = None  # the Optuna study of the refinement
     front: tuple = ()  # latency+memory refinement: the Pareto front, (Plan, Measurement), fastest first
+    memory: MemoryPeaks = field(default_factory=MemoryPeaks)  # peak resident size of each process

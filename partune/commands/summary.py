@@ -60,7 +60,24 @@ def summarise(result, model) -> str:
     lines.append(f"search {result.search_s:.1f} s; candidates {result.counts.candidates}; measurements made "
                  f"{result.counts.measured} ({result.counts.failed} failed), reused {result.counts.reused}"
                  + ("; stopped early at --timeout" if result.timed_out else ""))
+    if result.memory.search:
+        lines.append(memory_line(result.memory))
     return "\n".join(lines)
+
+
+def memory_line(peaks) -> str:
+    """``partune.search.result.MemoryPeaks`` in one line: the peak resident size of each process."""
+
+    def part(name: str, size: int, recycled: int) -> str:
+        return f"{name} {size / 1e9:.1f} GB" + (f" (recycled {recycled} time{'s' * (recycled != 1)})"
+                                                if recycled else "")
+
+    parts = [part("search", peaks.search, 0)]
+    if peaks.measuring:
+        parts.append(part("measuring workers", peaks.measuring, peaks.measuring_recycled))
+    if peaks.build_pool:
+        parts.append(part("build pool", peaks.build_pool, peaks.build_pool_recycled))
+    return "peak memory: " + ", ".join(parts)
 
 
 def _verdict_lines(result) -> list[str]:

@@ -53,6 +53,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
             shutil.rmtree(pool.cache_dir, ignore_errors=True)
             if pool.stats["queued"]:
                 notes.append(pool.summary())
+    from partune.search.result import MemoryPeaks
+
+    result.memory = MemoryPeaks.of(runner, pool)  # the workers' peaks, kept past their close
     return _finish(args, job, result, notes)
 
 
