@@ -199,7 +199,7 @@ def bad_storage(tmp: Path) -> Outcome:
         done = [run([sys.executable, "-m", "partune.cli", "status", "--storage", u], timeout_s=60) for u in urls]
     good = [d.returncode == 2 and d.stderr.strip().count("\n") == 0 and "Traceback" not in d.stderr for d in done]
     return Outcome("truncated SQLite file; wrong PostgreSQL password", 2, sum(good), 0, 0,
-                   " | ".join(d.stderr.strip()[:110] for d in done))
+                   " | ".join(f"exit {d.returncode}: {d.stderr.strip()[:150]}" for d in done))
 
 
 def table(rows: list[Outcome]) -> str:
