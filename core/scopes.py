@@ -106,7 +106,7 @@ class SEScope:
         import tvm
 
         if self.target is None:
-            raise ScopeError(f"scope {self} has no target")
+            raise ScopeError(f"the {self.backend or 'unnamed'} scope has no target: TVM needs one to compile")
         return tvm.target.Target(dict(self.target))
 
     def __str__(self) -> str:
@@ -131,7 +131,8 @@ class CompilationConfig:
     def __post_init__(self) -> None:
         for s in (self.host, self.default, *self.primitives):
             if not s.is_fully_constrained:
-                raise ScopeError(f"scope {s} in a CompilationConfig must be fully constrained")
+                raise ScopeError(f"the {s.backend or 'unnamed'} scope of a CompilationConfig must be fully "
+                                 "constrained (device, virtual device, target, memory scope, backend)")
         if self.default not in self.primitives:
             raise ScopeError("the default scope must be one of the primitive scopes")
         names = [s.backend for s in self.primitives]

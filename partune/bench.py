@@ -36,7 +36,7 @@ def max_abs_error(outputs, reference) -> float:
 
 def _bench_one(name: str, kind: str, make: Callable, reference) -> BenchRow:
     """Build one contender and time it; a failure costs this row, not the benchmark."""
-    from partune.core.errors import last_line
+    from partune.core.errors import clean_error, last_line
     from partune.runners.timing import time_callable
 
     row = BenchRow(name, kind)
@@ -47,7 +47,7 @@ def _bench_one(name: str, kind: str, make: Callable, reference) -> BenchRow:
         row.median_ms, row.spread_ms, row.cpu_ms = m.median_s * 1e3, m.spread_s * 1e3, m.cpu_s * 1e3
         row.best_ms = m.cost_s * 1e3
     except Exception as e:  # noqa: BLE001 - one failing peer must not end the benchmark
-        row.failure = last_line(e, 120)
+        row.failure = clean_error(last_line(e), 120)
     return row
 
 

@@ -12,6 +12,7 @@ import sys
 import warnings
 
 from partune.commands.common import setup_threads
+from partune.commands.dashboard import cmd_dashboard
 from partune.commands.explain import cmd_explain
 from partune.commands.jobs import (
     cmd_backends,
@@ -183,6 +184,19 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="list the tuning jobs in a storage and how their plans stand")
     st.add_argument("--storage", default="sqlite:///partune.db", help="Optuna storage URL (default sqlite:///partune.db)")
     st.set_defaults(func=cmd_status)
+
+    db = sub.add_parser("dashboard", help="optuna-dashboard over a storage: the refinement studies' trials, "
+                        "parameters and history",
+                        description="Start optuna-dashboard on 127.0.0.1 (this machine only) over the storage "
+                        "and print the URL to open. Each tuning job's refinement study is there: every plan "
+                        "variant measured end to end (a trial), the backend it gave each region and the "
+                        "merges it made (its parameters), and the best time over the trials (the history). "
+                        "The measurement studies (partune-measurements/DEVICE, one per device, a trial per "
+                        "measurement) stay listed: they are few. Ctrl-C stops the server.")
+    db.add_argument("--storage", default="sqlite:///partune.db",
+                    help="Optuna storage URL (default sqlite:///partune.db)")
+    db.add_argument("--port", type=int, default=8080, help="port on 127.0.0.1 (default 8080; 0: any free port)")
+    db.set_defaults(func=cmd_dashboard)
 
     s = sub.add_parser("rpc-server", help="serve measurements to `partune tune --runner rpc://...`")
     s.add_argument("--tracker", required=True, metavar="HOST:PORT", help="the TVM RPC tracker to register with")

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from partune.core.describe import fit_table, op_counts, op_summary, short_op
+from partune.core.errors import clean_error
 from partune.core.graph import DataflowGraph
 from partune.core.keys import candidate_key
 from partune.core.plan import Plan, Region, contiguous_runs
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 # Chosen, or why not: what a backend did with exactly a region's nodes.
 CHOSEN, MEASURED, FAILED, REFUSED, UNPROPOSED, UNMEASURED = (
     "chosen", "measured", "failed", "not accepted", "not a candidate", "not measured")
-_SCOPE_TEXT = re.compile(r"\b([\w.+-]+)@[\w*]+:[\w*]+/[\w*]+/[\w*]+")  # SEScope.__str__: tvm@cpu:*/*/*
 _BORDER = re.compile(r"([-\d.e+]+) us per region \+ ([-\d.e+]+) ns per border byte \+ ([-\d.e+]+) ns per "
                      r"weight byte \(fitted on (\d+) plans\)")  # BorderModel.describe
 # Below a microsecond in a model (native TVM runs small regions inline, nearly free), a ratio
@@ -179,13 +179,6 @@ def gather_evidence(plan: Plan, model: Model, measured: Mapping[str, Measurement
 
 
 # -- deciding what the facts say ----------------------------------------------------------
-
-
-def clean_error(error: str, limit: int = 160) -> str:
-    """An error as a person reads it: its last line, scopes named by their backend."""
-    line = (error.strip().splitlines() or [""])[-1]
-    line = _SCOPE_TEXT.sub(lambda m: m.group(1), line)
-    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def border_coefficients(description: str | None) -> tuple[tuple[float, float, float], int] | None:

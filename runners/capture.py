@@ -14,7 +14,7 @@ import tvm
 from tvm import relax
 
 from partune.backends import registry
-from partune.core.errors import last_line
+from partune.core.errors import clean_error, last_line
 from partune.core.graph import DataflowGraph, main_bindings
 from partune.core.partition import lift_region
 from partune.core.scopes import SEScope, cpu_target
@@ -28,6 +28,14 @@ def _tensor_like(ty) -> bool:
     if isinstance(ty, relax.TupleType):
         return all(isinstance(f, relax.TensorType) for f in ty.fields)
     return isinstance(ty, relax.TensorType)
+
+
+def _op_name(binding: relax.Binding) -> str:
+    """The op a binding calls, as people name it (``conv2d``), else the kind of value it binds."""
+    from partune.core.describe import short_op
+
+    op = getattr(getattr(binding.value, "op", None), "name", None)
+    return short_op(op[len("relax."):]) if isinstance(op, str) and op.startswith("relax.") else "a non-op value"
 
 
 def capture_values(mod: tvm.IRModule, graph: DataflowGraph, inputs: list[np.ndarray],
@@ -48,14 +56,16 @@ def capture_values(mod: tvm.IRModule, graph: DataflowGraph, inputs: list[np.ndar
     errors = []
     for name in order:
         backend = registry.get(name)
-        if not all(backend.accepts(b) for b in bindings):
+        refused = next((b for b in bindings if not backend.accepts(b)), None)
+        if refused is not None:
+            errors.append(f"{name}: does not accept {_op_name(refused)}")
             continue
         try:
             # A fully constrained CPU scope, as CompilationConfig.for_cpu makes: TVM needs the target.
             scope = SEScope("cpu", 0, cpu_target(registry.threads()), "global", name)
             kernel = backend.build_region(whole, scope, registry.threads())
         except Exception as e:  # noqa: BLE001 - try the next backend
-            errors.append(f"{name}: {last_line(e, 120)}")
+            errors.append(f"{name}: {clean_error(last_line(e, 120))}")  # read by people: no class names
             continue
         by_param = dict(zip(func.params, inputs, strict=True))
         ins = [tvm.runtime.tensor(by_param[a]) for a in args]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import struct
@@ -47,6 +48,9 @@ from partune.runners.runner import Runner
 from partune.runners.timing import Measurement
 from partune.runners.worker_main import CPUS_ENV, RSS_LIMIT_ENV
 
+# Crash-handler output (TVM's backtrace, Python's faulthandler) that only restates the signal.
+_NOISE = re.compile(r'File "|!{3}|Traceback \(most recent call|(?:Current thread|Thread) 0x|Stack \(most recent|'
+                    r"Extension modules:|<no Python frame>|Fatal Python error: (?:Segmentation fault|Aborted|Bus error)")
 _SIZES = struct.calcsize("<QQ")  # what follows each reply: the worker's resident size and peak
 
 
@@ -148,9 +152,13 @@ class LocalRunner(Runner):
                 self._proc = None  # the next request tries again, and says so if it cannot
 
     def _log_tail(self) -> str:
+        """The worker's last words before it died, if they say anything: a crash handler's stack
+        frames (``File "...", line 0, in 0xffff``) and banners (``!!! Segfault encountered !!!``)
+        only repeat the signal the reason already names."""
         self._log.seek(0)
-        lines = [ln for ln in self._log.read().decode(errors="replace").splitlines() if ln.strip()]
-        return lines[-1][:200] if lines else ""
+        lines = [ln.strip() for ln in self._log.read().decode(errors="replace").splitlines()]
+        said = [ln for ln in lines if ln and not _NOISE.match(ln)]
+        return said[-1][:200] if said else ""
 
     def _read(self, n: int, deadline: float) -> bytes:
         proc = self._proc

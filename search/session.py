@@ -24,7 +24,7 @@ import tvm
 
 from partune.backends import registry
 from partune.core.describe import region_label
-from partune.core.errors import last_line
+from partune.core.errors import PartuneError, clean_error, last_line
 from partune.core.keys import candidate_key, plan_key
 from partune.core.plan import Plan, Region
 from partune.core.scopes import CompilationConfig, SEScope
@@ -149,7 +149,7 @@ class SearchSession:
         try:
             values = capture_values(self.mod, self.graph, self.model.inputs, self.backends)
         except Exception as e:  # noqa: BLE001 - random inputs are the fallback, and it is reported
-            self.result.inputs_from = f"random ({last_line(e, 100)})"
+            self.result.inputs_from = f"random ({clean_error(last_line(e), 240)})"
             values = None
         self.progress.advance(self.result.inputs_from)
         return values or {}
@@ -383,8 +383,9 @@ class SearchSession:
                 self.end_to_end("previous best", previous)
         ok = {label: m for label, m in result.end_to_end.items() if m.ok}
         if not ok:
-            raise RuntimeError("no plan could be built and run: " +
-                               "; ".join(f"{k}: {m.error}" for k, m in result.end_to_end.items()))
+            # The model, as offered, runs nowhere: the user's to change (one line, exit 2).
+            raise PartuneError("no plan could be built and run: " +
+                               "; ".join(f"{k}: {clean_error(m.error or '')}" for k, m in result.end_to_end.items()))
         picked: dict[str, str] = {}  # plan key -> label: one label per distinct plan
         mirrors = [f"{b}-only" for b in self.backends if registry.get(b).level.value == "compiler"]
         for label in sorted(ok, key=lambda label: ok[label].cost_s):

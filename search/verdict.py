@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from partune.backends.model_file import sha256
+from partune.core.errors import clean_error
 from partune.core.graph import DataflowGraph
 from partune.core.keys import plan_key, verdict_key
 from partune.core.plan import ModelFile, Plan, Region, model_file_plan
@@ -123,7 +124,8 @@ def _search_notes(s: SearchSession, best: str, ok: dict[str, Measurement]) -> di
              "end_to_end_s": {k: v.cost_s for k, v in ok.items()},
              "verdict_median_s": {k: v.median_s for k, v in verdict.items() if v.ok},
              "peers": list(result.verdict.peers),
-             "peers_unavailable": {k: v.error for k, v in verdict.items() if k in result.verdict.peers and not v.ok}}
+             "peers_unavailable": {k: clean_error(v.error or "") for k, v in verdict.items()
+                                   if k in result.verdict.peers and not v.ok}}
     if result.dp_label is not None:
         notes |= {"dp_label": result.dp_label, "dp_estimate_s": result.dp_estimate_s,
                   "border_model": result.border.describe()}

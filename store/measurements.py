@@ -149,9 +149,17 @@ def _open(url: str, heartbeat: dict, claim_ttl_s: float, device: str) -> tuple[o
             # Workers starting together on a new database race to create its tables.
             racing = isinstance(e, sqlalchemy.exc.IntegrityError | sqlalchemy.exc.OperationalError)
             if not racing or attempt + 1 == OPEN_ATTEMPTS:
-                raise PartuneError(f"cannot open storage {url}: {str(e).splitlines()[0][:160]}") from e
+                raise PartuneError(f"cannot open storage {shown(url)}: {str(e).splitlines()[0][:160]}") from e
             time.sleep(1.0)
     raise AssertionError("unreachable")
+
+
+def shown(url: str) -> str:
+    """A storage URL as printed: its password hidden (messages end up in logs)."""
+    try:
+        return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: nothing to hide
+        return url
 
 
 def with_driver(url: str) -> str:

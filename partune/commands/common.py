@@ -142,7 +142,9 @@ def study_summaries(storage: str) -> list:
     try:
         return optuna.get_all_study_summaries(storage, include_best_trial=False)
     except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
-        raise PartuneError(f"cannot open storage {storage}: {str(e).splitlines()[0][:160]}") from e
+        from partune.store.measurements import shown
+
+        raise PartuneError(f"cannot open storage {shown(str(storage))}: {str(e).splitlines()[0][:160]}") from e
 
 
 def format_duration(seconds: float) -> str:

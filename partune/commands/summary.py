@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from partune.core.errors import clean_error
+
 NOISE = 0.03  # ratios closer to 1 than this are ties: run-to-run noise of interleaved medians
 
 
@@ -42,7 +44,7 @@ def summarise(result, model) -> str:
         if m.ok:
             lines.append(f"| {label:<36} | {m.cost_s * 1e3:9.3f} | {m.median_s * 1e3:9.3f} | {m.cost_s / best:9.2f} |")
         else:
-            lines.append(f"| {label:<36} | {'failed':>9} | {'-':>9} | {'-':>9} |  {m.error}")
+            lines.append(f"| {label:<36} | {'failed':>9} | {'-':>9} | {'-':>9} |  {clean_error(m.error or '')}")
     lines.extend(_verdict_lines(result))
     lines.append("")
     lines.append(f"candidates measured on {result.inputs_from} inputs")
@@ -99,7 +101,7 @@ def _verdict_lines(result) -> list[str]:
             lines.append(f"| {kind + label:<36} | {m.median_s * 1e3:9.3f} | {m.cost_s * 1e3:9.3f} | "
                          + (f"{ratio:>39.2f}x |" if peer else f"{ratio:9.2f} |"))
         else:
-            lines.append(f"| {kind + label:<36} | {'unavailable' if kind else 'failed':>9} | {'-':>9} | {m.error}")
+            lines.append(f"| {kind + label:<36} | {'unavailable' if kind else 'failed':>9} | {'-':>9} | {clean_error(m.error or '')}")
     notes = result.plan.notes
     if "speedup_vs_best_peer" in notes:
         x = notes["speedup_vs_best_peer"]

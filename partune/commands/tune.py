@@ -105,7 +105,8 @@ def _prepare(args: argparse.Namespace) -> _Job:
     for node, scope in parse_pins(args.pin, model).items():
         joined = pins[node].join(scope) if node in pins else scope
         if joined is None:
-            raise PartuneError(f"--pin puts node {node} on {scope}, the model pins it to {pins[node]}")
+            raise PartuneError(f"--pin puts node {node} on {scope.backend}, "
+                               f"the model pins it to {pins[node].backend or f'device {pins[node].device_type}'}")
         pins[node] = joined
     if args.workers < 1 or args.heartbeat < 1:
         raise PartuneError("--workers and --heartbeat must be at least 1")
