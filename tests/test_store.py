@@ -192,3 +192,19 @@ def test_a_dead_workers_claims_are_swept_when_a_store_opens(storage_url):
     MeasurementStore(storage_url, "dev")  # a new worker opens the store
     assert store.claims.holder("left-by-the-dead") is None
     assert store.claims.holder("held-elsewhere") == "another-host:1"  # maybe alive: left alone
+
+
+def test_a_poll_reads_only_what_is_new(storage_url, monkeypatch):
+    """refresh() on a SQL storage reads the trials near and above the newest it has seen,
+    not the whole device: its cost does not grow with the store (issue 19, part 3)."""
+    monkeypatch.setattr(MeasurementStore, "RECHECK", 5)
+    writer, reader = MeasurementStore(storage_url, "dev"), MeasurementStore(storage_url, "dev")
+    for i in range(40):
+        writer.put(f"k{i}", Measurement(1e-3 + i * 1e-6, 0, 1e-3, 5, 10))
+    reader.refresh()
+    assert len(reader) == 40 and reader.rows_read == 40  # the first poll sees all that is new
+    writer.put("late", Measurement(2e-3, 0, 2e-3, 5, 10))
+    reader.refresh()
+    assert "late" in reader and reader.rows_read <= 5 + 1  # the overlap and the new one, not 41
+    reader.refresh(full=True)
+    assert reader.rows_read == 41 and reader.get("k7") == writer.get("k7")
