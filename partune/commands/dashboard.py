@@ -9,6 +9,7 @@ only: the dashboard can rename and delete studies, so it is not for the network.
 from __future__ import annotations
 
 import argparse
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,10 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     for line in _listing(summaries, url):
         print(line)
     print(f"optuna-dashboard on {url}/dashboard (this machine only; Ctrl-C stops it)", flush=True)
+    # A process started in the background inherits SIGINT ignored: Ctrl-C (and a plain
+    # kill) must still end it cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         server.serve_forever()
     except KeyboardInterrupt:  # Ctrl-C is how it ends: not an interrupted search
