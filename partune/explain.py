@@ -122,17 +122,13 @@ def read_measurements(storage: str, device: str) -> dict[str, Measurement] | Non
     import optuna
 
     from partune.store.measurements import STUDY_PREFIX
+    from partune.store.measurements import read_measurements as read_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = optuna.load_study(study_name=STUDY_PREFIX + device, storage=storage)
+        return read_study(storage, STUDY_PREFIX + device)
     except KeyError:
         return None
-    out: dict[str, Measurement] = {}
-    for t in study.get_trials(deepcopy=False):
-        if (key := t.user_attrs.get("key")) and "m" in t.user_attrs:
-            out[key] = Measurement(**t.user_attrs["m"])
-    return out
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from partune.core.plan import Plan
 from partune.core.scopes import SEScope
 from partune.runners.timing import Measurement
 from partune.search.tuning import anchor_kind, expected_speedup
-from partune.store.measurements import STUDY_PREFIX
+from partune.store.measurements import STUDY_PREFIX, read_measurements
 
 MAX_RUN = 24  # nodes: the longest run of consecutive nodes a cover tries as one candidate
 COVER_UP_TO = 300  # nodes: larger regions are compared on their exact node set only
@@ -67,10 +67,7 @@ def stored_measurements(storage: str, wanted: set[str]) -> dict[str, Measurement
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
         if not summary.study_name.startswith(STUDY_PREFIX):
             continue
-        found: dict[str, Measurement] = {}
-        for t in optuna.load_study(study_name=summary.study_name, storage=storage).get_trials(deepcopy=False):
-            if "key" in t.user_attrs and "m" in t.user_attrs:
-                found[t.user_attrs["key"]] = Measurement(**t.user_attrs["m"])
+        found = read_measurements(storage, summary.study_name)
         if not best or len(wanted & found.keys()) > len(wanted & best.keys()):
             best = found
     return best

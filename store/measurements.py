@@ -169,6 +169,16 @@ class MeasurementStore:
             self.refresh()
 
 
+def read_measurements(storage, study_name: str) -> dict[str, Measurement]:
+    """Every measurement a device study holds, key -> the latest (as a store sees them),
+    read without opening a ``MeasurementStore`` (which would create studies and claims)."""
+    out: dict[str, Measurement] = {}
+    for t in optuna.load_study(study_name=study_name, storage=storage).get_trials(deepcopy=False):
+        if (key := t.user_attrs.get("key")) and "m" in t.user_attrs:
+            out[key] = Measurement(**t.user_attrs["m"])
+    return out
+
+
 def _open(url: str, heartbeat: dict, claim_ttl_s: float, device: str) -> tuple[optuna.storages.BaseStorage, Claims]:
     """The Optuna storage at ``url`` and its claims (``MEMORY``: both in this process)."""
     if url == MEMORY:

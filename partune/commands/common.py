@@ -97,12 +97,18 @@ def make_runner(spec: str, timeout_s: float, threads: int, cpus: list[int] | Non
     raise PartuneError(f"unknown runner '{spec}': use local or rpc://HOST:PORT/KEY")
 
 
+def sqlite_file(storage: str) -> str | None:
+    """The file of an SQLite storage URL (None for in-memory SQLite and other storages)."""
+    if storage.startswith("sqlite:///") and storage != "sqlite:///:memory:":
+        return storage[len("sqlite:///"):]
+    return None
+
+
 def beside_store(storage: str, suffix: str) -> str:
     """A path beside an SQLite store (``partune.db`` -> ``partune<suffix>``), else in the
     working directory: where the cost model and the tuning database live."""
-    if storage.startswith("sqlite:///") and storage != "sqlite:///:memory:":
-        return str(Path(storage[len("sqlite:///"):]).with_suffix(suffix))
-    return "partune" + suffix
+    path = sqlite_file(storage)
+    return str(Path(path).with_suffix(suffix)) if path else "partune" + suffix
 
 
 def job_attrs(storage, study_name: str, required: bool = True) -> dict:

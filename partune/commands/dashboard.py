@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from partune.commands.common import study_summaries
+from partune.commands.common import sqlite_file, study_summaries
 
 HOST = "127.0.0.1"
 
@@ -53,10 +53,9 @@ def _check_exists(storage: str) -> None:
 
     if storage == MEMORY:
         raise PartuneError("a 'memory' storage keeps nothing after its run: name a database with --storage")
-    if storage.startswith("sqlite:///") and storage != "sqlite:///:memory:":
-        path = Path(storage[len("sqlite:///"):])
-        if not path.is_file():
-            raise PartuneError(f"cannot open storage {storage}: no file {path}")
+    path = sqlite_file(storage)
+    if path is not None and not Path(path).is_file():
+        raise PartuneError(f"cannot open storage {storage}: no file {path}")
 
 
 def _server(app: Any, port: int):

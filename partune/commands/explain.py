@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from partune.commands.common import job_attrs, load_model, study_summaries
+from partune.commands.common import job_attrs, load_model, sqlite_file, study_summaries
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -28,13 +28,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _storage_file(url: str) -> str | None:
-    """The file of an SQLite storage URL (None for other storages)."""
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        return url[len("sqlite:///"):]
-    return None
-
-
 def _storage_exists(url: str) -> bool:
     """Whether ``url`` names a storage that may hold something: reading must not create one."""
     from partune.core.errors import PartuneError
@@ -43,7 +36,7 @@ def _storage_exists(url: str) -> bool:
     if url in (MEMORY, "sqlite:///:memory:"):
         raise PartuneError(f"storage '{url}' keeps nothing after its run: explain reads the --storage "
                            "that `partune tune` wrote")
-    path = _storage_file(url)
+    path = sqlite_file(url)
     return path is None or os.path.isfile(path)
 
 
@@ -57,7 +50,7 @@ def _read_plan(args: argparse.Namespace):
     if not args.study:
         raise PartuneError("explain needs --study NAME (and --storage) of a tuning job, or --plan FILE")
     if not _storage_exists(args.storage):
-        raise PartuneError(f"no storage at {_storage_file(args.storage)} (see `partune status --storage URL`)")
+        raise PartuneError(f"no storage at {sqlite_file(args.storage)} (see `partune status --storage URL`)")
     attrs = job_attrs(args.storage, args.study)
     args.model = args.model or attrs.get("model")
     args.input_shape = args.input_shape or attrs.get("input_shape")
@@ -89,7 +82,7 @@ def _measurements(args: argparse.Namespace, plan) -> tuple[str, dict]:
     target = plan.config.default.target or {}
     device = args.device or device_fingerprint(int(target.get("num-cores", args.threads)))
     if not _storage_exists(args.storage):
-        print(f"partune: note: no storage at {_storage_file(args.storage)}: no measurements to show",
+        print(f"partune: note: no storage at {sqlite_file(args.storage)}: no measurements to show",
               file=sys.stderr)
         return device, {}
     measured = read_measurements(args.storage, device)
