@@ -58,6 +58,9 @@ class Backend(ABC):
     # Whether ``build_region`` keeps what it builds in the build cache (``partune.backends.build_cache``)
     # when one is active, so building it ahead of time (``partune.runners.build_pool``) pays.
     caches_builds: ClassVar[bool] = False
+    # Whether the backend computes a region in bfloat16 by a real fast path of its library
+    # (a bf16 SEScope); a backend without one is never offered bf16 scopes.
+    bf16: ClassVar[bool] = False
 
     @property
     def codegen(self) -> str | None:

@@ -118,18 +118,21 @@ class OnnxGraphBackend(Backend):
         entry = build_cache.current()
         if entry is not None:
             entry.refine(self.name, self.library_version(), self.opset)
-            kernel = entry.load(lambda d: self.load_kernel(d, threads))
+            kernel = entry.load(lambda d: self.load_kernel(d, threads, scope.compute_precision))
             if kernel is not None:
                 return kernel
-        return self.kernel(relax_to_onnx(func, self.opset), func, threads)
+        if scope.compute_precision != "f32" and not self.bf16:
+            raise BackendError(f"{self.name} has no {scope.compute_precision} path")
+        return self.kernel(relax_to_onnx(func, self.opset), func, threads, scope.compute_precision)
 
     @abstractmethod
-    def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int) -> Any:
-        """Compile the region's ONNX graph and return its destination-passing kernel
-        (stored in the active build cache entry, if any, for ``load_kernel``)."""
+    def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int, precision: str = "f32") -> Any:
+        """Compile the region's ONNX graph to compute in ``precision`` and return its
+        destination-passing kernel (stored in the active build cache entry, if any, for
+        ``load_kernel``)."""
 
     @abstractmethod
-    def load_kernel(self, directory: str, threads: int) -> Any:
+    def load_kernel(self, directory: str, threads: int, precision: str = "f32") -> Any:
         """The kernel ``kernel`` stored in a build cache entry's directory."""
 
     @abstractmethod

@@ -208,7 +208,8 @@ class OnnxRuntimeBackend(OnnxGraphBackend):
     def accepts(self, binding: relax.Binding) -> bool:
         return binding_accepted(binding, self.opset)
 
-    def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int) -> OrtRegionKernel:
+    def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int,
+               precision: str = "f32") -> OrtRegionKernel:
         """A session with all graph optimisations; a build worker stores the graph ORT optimised."""
         entry = build_cache.current()
         scratch = entry.scratch(".onnx") if entry is not None else None
@@ -226,7 +227,7 @@ class OnnxRuntimeBackend(OnnxGraphBackend):
                     os.unlink(scratch)
         return kernel
 
-    def load_kernel(self, directory: str, threads: int) -> OrtRegionKernel:
+    def load_kernel(self, directory: str, threads: int, precision: str = "f32") -> OrtRegionKernel:
         return OrtRegionKernel(load_session(os.path.join(directory, _ORT_MODEL), threads),
                                *load_specs(directory))
 

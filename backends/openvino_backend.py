@@ -8,7 +8,9 @@ optimiser from ORT's, so the two compete for the same regions.
 
 Precision is pinned: on AMX / AVX512-BF16 CPUs the plugin's default inference precision is
 bf16, which silently changes results, and its PERFORMANCE mode enables dynamic quantisation.
-Every compiled model is f32, ACCURACY mode, one stream, the thread count it is given.
+Every compiled model is ACCURACY mode, one stream, the thread count it is given, and f32
+unless its SEScope asks for bf16 (then the plugin's bf16 inference precision: matmuls,
+convolutions and most eltwise ops in bfloat16, on the CPU's bf16 instructions).
 
 ``accepts`` never guesses. The CPU plugin does not compute every dtype as asked (measured on
 OpenVINO 2026.4 against TVM): int64 and uint64 are narrowed to 32 bits even through a
@@ -142,15 +144,17 @@ def _core() -> Any:
         return _core_box["core"]
 
 
-def compile_config(threads: int) -> dict[Any, Any]:
-    """f32 everywhere, one stream and ``threads`` threads, nothing pinned or value-dependent."""
+def compile_config(threads: int, precision: str = "f32") -> dict[Any, Any]:
+    """``precision`` (f32 unless asked), one stream and ``threads`` threads, nothing pinned or
+    value-dependent."""
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hint
     import openvino.properties.intel_cpu as cpu
 
     return {
-        hint.inference_precision(): ov.Type.f32,  # the default is bf16 on AMX CPUs
+        # The plugin's default is bf16 on AMX CPUs: f32 unless the scope says bf16.
+        hint.inference_precision(): ov.Type.bf16 if precision == "bf16" else ov.Type.f32,
         hint.execution_mode(): hint.ExecutionMode.ACCURACY,  # also: no dynamic quantisation
         hint.performance_mode(): hint.PerformanceMode.LATENCY,
         props.inference_num_threads(): max(1, int(threads)),
@@ -162,12 +166,12 @@ def compile_config(threads: int) -> dict[Any, Any]:
     }
 
 
-def compile_onnx(model: onnx.ModelProto, threads: int) -> Any:
+def compile_onnx(model: onnx.ModelProto, threads: int, precision: str = "f32") -> Any:
     """Read the ONNX model and compile it for the CPU plugin; BackendError if it cannot."""
     core = _core()
     try:
         ov_model = core.read_model(model.SerializeToString())
-        return core.compile_model(ov_model, "CPU", compile_config(threads))
+        return core.compile_model(ov_model, "CPU", compile_config(threads, precision))
     except Exception as e:  # OpenVINO raises RuntimeError / OpConversionFailure / ...
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise BackendError(f"openvino could not compile the region: {first[:300]}") from e
@@ -360,6 +364,7 @@ class OpenVinoBackend(OnnxGraphBackend):
     """OpenVINO on CPU: graph-level, takes any convex region as one compiled model."""
 
     name = "openvino"
+    bf16 = True
 
     def __init__(self, opset: int = MIN_OPSET) -> None:
         super().__init__(opset)
@@ -368,9 +373,10 @@ class OpenVinoBackend(OnnxGraphBackend):
     def accepts(self, binding: relax.Binding) -> bool:
         return ov_accepts(binding, self.opset)
 
-    def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int) -> OvRegionKernel:
+    def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int,
+               precision: str = "f32") -> OvRegionKernel:
         """Compile for the CPU plugin; a build worker stores the compiled blob (``export_model``)."""
-        compiled = compile_onnx(model, threads)
+        compiled = compile_onnx(model, threads, precision)
         kernel = OvRegionKernel(compiled, *ov_specs(model, func))
         entry = build_cache.current()
         if entry is not None:
@@ -383,11 +389,11 @@ class OpenVinoBackend(OnnxGraphBackend):
             entry.store(write)
         return kernel
 
-    def load_kernel(self, directory: str, threads: int) -> OvRegionKernel:
+    def load_kernel(self, directory: str, threads: int, precision: str = "f32") -> OvRegionKernel:
         """Import a blob ``kernel`` exported (OpenVINO checks it was made by this version)."""
         with open(os.path.join(directory, _OV_BLOB), "rb") as f:
             blob = f.read()
-        compiled = _core().import_model(blob, "CPU", compile_config(threads))
+        compiled = _core().import_model(blob, "CPU", compile_config(threads, precision))
         return OvRegionKernel(compiled, *load_specs(directory))
 
     def library_version(self) -> str:

@@ -42,6 +42,22 @@ def default_names() -> list[str]:
     return [n for n in _BACKENDS if get(n).offered_by_default]
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU reports bfloat16 instructions (AVX512-BF16 or AMX-BF16): the only
+    CPUs on which a bf16 region is faster rather than emulated."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def bf16_names(backends: list[str]) -> tuple[str, ...]:
+    """Those of ``backends`` with a real bf16 path on this CPU (none where it has no bf16)."""
+    return tuple(b for b in backends if get(b).bf16) if cpu_has_bf16() else ()
+
+
 def register(name: str, target: str) -> None:
     """Register a backend class by ``module:Class`` path (used for test-only backends).
 

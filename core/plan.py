@@ -195,10 +195,11 @@ def model_file_plan(model: str, graph: DataflowGraph, config: CompilationConfig,
 
 
 def single_backend_plan(model: str, graph: DataflowGraph, config: CompilationConfig,
-                        backend: str, accepted: set[int]) -> Plan:
-    """All that ``backend`` accepts goes to it (in convex runs), the rest to the default."""
+                        backend: str, accepted: set[int], precision: str = "f32") -> Plan:
+    """All that ``backend`` accepts goes to it (in convex runs, computing in ``precision``),
+    the rest to the default."""
     fallback = config.default
-    scope = config.scope_for(backend)
+    scope = config.scope_for(backend, precision)
     regions = []
     if backend == fallback.backend:
         accepted = set(range(len(graph)))
@@ -208,4 +209,4 @@ def single_backend_plan(model: str, graph: DataflowGraph, config: CompilationCon
         regions.append(Region(run, fallback))
     regions.sort(key=lambda r: r.nodes[0])
     return Plan(model, graph.fingerprint, config, tuple(regions),
-                notes={"kind": f"single-backend {backend}"})
+                notes={"kind": f"single-backend {backend}" + ("" if precision == "f32" else f" {precision}")})

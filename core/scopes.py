@@ -1,7 +1,8 @@
 """SEScope and CompilationConfig: where a sub-expression runs, and what is on offer.
 
 An SEScope (tvm-rfcs PR 38) says which device type, virtual device, target, memory
-scope and backend run a sub-expression. "Which compiler" (BYOC) and "which device"
+scope and backend run a sub-expression, and here also in which precision it computes
+(``f32`` unless the scope says ``bf16``). "Which compiler" (BYOC) and "which device"
 (device planning) are one question, so one value answers both. Every field may be left
 unconstrained (``None``); ``join`` combines two compatible scopes and ``default`` fills
 the gaps of one from another, as in the RFC.
@@ -25,6 +26,10 @@ TARGET_DEVICE_TYPES: dict[str, str] = {
 }
 
 
+F32, BF16 = "f32", "bf16"
+PRECISIONS = (F32, BF16)
+
+
 class ScopeError(ValueError):
     """An SEScope or CompilationConfig that cannot be valid."""
 
@@ -35,15 +40,26 @@ def _freeze_target(target: dict[str, Any] | None) -> tuple | None:
 
 @dataclass(frozen=True)
 class SEScope:
-    """Storage/execution scope: device type, virtual device id, target, memory scope, backend."""
+    """Storage/execution scope: device type, virtual device id, target, memory scope, backend,
+    and compute precision.
+
+    ``precision`` None means f32, the precision the model was given in, and is left out of
+    the JSON: every f32 scope, key and plan reads exactly as before precision existed. A
+    ``bf16`` scope computes its region in bfloat16 (its inputs and outputs stay f32).
+    """
 
     device_type: str | None = None
     virtual_device_id: int | None = None
     target: dict[str, Any] | None = field(default=None, hash=False, compare=False)
     memory_scope: str | None = None
     backend: str | None = None
+    precision: str | None = None
 
     def __post_init__(self) -> None:
+        if self.precision == F32:  # one spelling of f32, so f32 scopes stay equal and keys stay put
+            object.__setattr__(self, "precision", None)
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ScopeError(f"unknown precision '{self.precision}' (known: {', '.join(PRECISIONS)})")
         if self.target is not None:
             kind = self.target.get("kind")
             if kind is None:
@@ -57,7 +73,7 @@ class SEScope:
     # Equality and hashing include the target's contents.
     def _key(self) -> tuple:
         return (self.device_type, self.virtual_device_id, _freeze_target(self.target),
-                self.memory_scope, self.backend)
+                self.memory_scope, self.backend, self.precision)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SEScope) and self._key() == other._key()
@@ -66,8 +82,14 @@ class SEScope:
         return hash(self._key())
 
     @property
+    def compute_precision(self) -> str:
+        """The precision the region computes in: ``f32`` or ``bf16``."""
+        return self.precision or F32
+
+    @property
     def is_fully_constrained(self) -> bool:
-        return all(getattr(self, f.name) is not None for f in fields(self))
+        """Every field set (precision may stay unset: that is f32)."""
+        return all(getattr(self, f.name) is not None for f in fields(self) if f.name != "precision")
 
     def join(self, other: SEScope) -> SEScope | None:
         """The scope satisfying both, or None when a field is constrained differently."""
@@ -112,7 +134,7 @@ class SEScope:
     def __str__(self) -> str:
         tgt = self.target.get("kind") if self.target else "*"
         return (f"{self.backend or '*'}@{self.device_type or '*'}:{self.virtual_device_id if self.virtual_device_id is not None else '*'}"
-                f"/{tgt}/{self.memory_scope or '*'}")
+                f"/{tgt}/{self.memory_scope or '*'}" + (f"/{self.precision}" if self.precision else ""))
 
 
 def cpu_target(threads: int = 1) -> dict[str, Any]:
@@ -135,17 +157,21 @@ class CompilationConfig:
                                  "constrained (device, virtual device, target, memory scope, backend)")
         if self.default not in self.primitives:
             raise ScopeError("the default scope must be one of the primitive scopes")
-        names = [s.backend for s in self.primitives]
-        if len(set(zip(names, [s.virtual_device_id for s in self.primitives], strict=True))) != len(names):
-            raise ScopeError("two primitive scopes share a backend and virtual device")
+        places = [(s.backend, s.virtual_device_id, s.precision) for s in self.primitives]
+        if len(set(places)) != len(places):
+            raise ScopeError("two primitive scopes share a backend, virtual device and precision")
 
     @property
     def backends(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(s.backend for s in self.primitives))
 
-    def scope_for(self, backend: str) -> SEScope:
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s.compute_precision for s in self.primitives))
+
+    def scope_for(self, backend: str, precision: str = F32) -> SEScope:
         for s in self.primitives:
-            if s.backend == backend:
+            if s.backend == backend and s.compute_precision == precision:
                 return s
         raise ScopeError(f"no scope for backend '{backend}' (on offer: {', '.join(self.backends)})")
 
@@ -162,11 +188,14 @@ class CompilationConfig:
             raise ScopeError(f"malformed CompilationConfig: {e}") from e
 
     @classmethod
-    def for_cpu(cls, backends: list[str], threads: int = 1, native: str = "tvm") -> CompilationConfig:
-        """One CPU scope per backend; the native backend is the default and the host."""
+    def for_cpu(cls, backends: list[str], threads: int = 1, native: str = "tvm",
+                bf16: tuple[str, ...] = ()) -> CompilationConfig:
+        """One f32 CPU scope per backend, and a bf16 one for each backend in ``bf16``; the
+        native backend's f32 scope is the default and the host."""
         if native not in backends:
             backends = [native, *backends]
         target = cpu_target(threads)
         prims = tuple(SEScope("cpu", 0, target, "global", b) for b in backends)
+        prims += tuple(SEScope("cpu", 0, target, "global", b, BF16) for b in backends if b in bf16)
         default = next(s for s in prims if s.backend == native)
         return cls(host=default, primitives=prims, default=default)

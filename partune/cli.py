@@ -123,6 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "use predictions for the rest (it measures any it picks). The model learns this "
                         "run's measurements and is saved (created if missing: the next model's search "
                         "starts from everything measured before)")
+    t.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                   help="f32: every region computes in f32, as the model does (default). bf16: regions "
+                        "may compute in bfloat16 where a backend has a real bf16 path (openvino) and "
+                        "this CPU has bf16 instructions, each kept only where it measures faster, and "
+                        "no plan whose error exceeds --tolerance is emitted")
+    t.add_argument("--tolerance", type=float, default=1e-2, metavar="REL",
+                   help="with --precision bf16: the largest relative error (||y - y_f32|| / ||y_f32||, "
+                        "worst output) a plan may have against the model in f32, on the model's inputs "
+                        "and on a second seeded input set the search never uses (default 0.01)")
     t.add_argument("--peers", default="onnxruntime,openvino,torch.compile",
                    help="the tools you would use instead, timed against the finalist plans in one "
                         "process, interleaved: onnxruntime and openvino (f32, latency, same threads) on "

@@ -40,6 +40,9 @@ class Measurement:
     load: float | None = None  # 1-minute load average at measurement time
     best_s: float | None = None  # fastest sample
     peak_bytes: int | None = None  # resident memory the build and the runs added (whole plans)
+    # A plan with bf16 regions: its largest relative error against the same plan in f32
+    # (``partune.runners.accuracy``); None for f32 plans, which compute as the model does.
+    rel_error: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -53,7 +56,11 @@ class Measurement:
         return self.best_s if self.best_s is not None else self.median_s
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """Every field; ``rel_error`` only where there is one (f32 measurements read as before)."""
+        doc = asdict(self)
+        if doc["rel_error"] is None:
+            del doc["rel_error"]
+        return doc
 
     @classmethod
     def failed(cls, error: str) -> Measurement:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from partune.core.errors import last_line
-from partune.runners import memory
+from partune.runners import accuracy, memory
 from partune.runners.protocol import (
     BuildInfo,
     BuildReply,
@@ -114,7 +114,8 @@ def measure_region(req: RegionRequest) -> MeasurementReply:
 
 
 def measure_plan(req: PlanRequest) -> MeasurementReply:
-    """Build a whole model under a plan and time it end to end."""
+    """Build a whole model under a plan and time it end to end; a plan with bf16 regions
+    is also run beside its f32 twin, and its error recorded (``partune.runners.accuracy``)."""
     import tvm
 
     from partune.backends import registry
@@ -129,13 +130,17 @@ def measure_plan(req: PlanRequest) -> MeasurementReply:
         _warm_up(plan)
     memory.trim()
     before = memory.resident_bytes()
-    run = build_plan_here(plan, mod, graph).prepare(inputs)
+    built = build_plan_here(plan, mod, graph)
+    run = built.prepare(inputs)
     memory.trim()  # the compilers' freed memory is not the plan's
     reset = memory.reset_peak()
     m = time_callable(run, req.protocol)
     peak = memory.peak_bytes()
     footprint = peak - before if reset and peak is not None and before is not None else None
-    return MeasurementReply(dataclasses.replace(m, peak_bytes=footprint))
+    error = None
+    if accuracy.has_bf16(plan):
+        error = accuracy.plan_error(built, build_plan_here(accuracy.f32_twin(plan), mod, graph), inputs)
+    return MeasurementReply(dataclasses.replace(m, peak_bytes=footprint, rel_error=error))
 
 
 def build_plan_here(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltModel:

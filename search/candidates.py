@@ -65,9 +65,9 @@ def accepted_nodes(func: relax.Function, backend: str) -> set[int]:
 
 
 def backend_plan(name: str, mod: tvm.IRModule, graph: DataflowGraph, config: CompilationConfig,
-                 backend: str) -> Plan:
+                 backend: str, precision: str = "f32") -> Plan:
     """The single-backend plan: all that ``backend`` accepts goes to it, the rest to the default."""
-    return single_backend_plan(name, graph, config, backend, accepted_nodes(mod["main"], backend))
+    return single_backend_plan(name, graph, config, backend, accepted_nodes(mod["main"], backend), precision)
 
 
 def enumerate_candidates(mod: tvm.IRModule, graph: DataflowGraph, config: CompilationConfig,

@@ -38,6 +38,7 @@ from partune.runners.timing import Measurement
 from partune.search.calibration import calibrate
 from partune.search.candidates import Candidate, accepted_nodes, backend_plan, enumerate_candidates
 from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
+from partune.search.precision import budgeted, overran, repair
 from partune.search.pruning import features, prune
 from partune.search.refine import refine
 from partune.search.result import Counts, Progress, TuneResult
@@ -71,6 +72,8 @@ class TuneOptions:
     tune_budget_s: float = 0.0
     tune_trials: int = 32
     build_pool: BuildPool | None = None
+    precision: str = "f32"  # "bf16": regions may compute in bf16 where a backend can (``search.precision``)
+    tolerance: float | None = None  # with bf16: the largest relative error a plan may have
 
 
 class SearchSession:
@@ -81,7 +84,8 @@ class SearchSession:
         self.model, self.backends, self.runner, self.store, self.options = model, backends, runner, store, options
         self.progress = options.progress or Progress()
         self.graph, self.mod = model.graph, model.mod
-        self.config = CompilationConfig.for_cpu(backends, options.threads)
+        bf16 = registry.bf16_names(backends) if options.precision == "bf16" else ()
+        self.config = CompilationConfig.for_cpu(backends, options.threads, bf16=bf16)
         self.cands = [c for c in enumerate_candidates(self.mod, self.graph, self.config, options.pins)
                       if schedulable(c)]
         self.keys = {c: candidate_key(self.graph, c.subgraph.nodes, c.scope) for c in self.cands}
@@ -228,8 +232,10 @@ class SearchSession:
 
     # -- plans ------------------------------------------------------------------------
 
-    def dp(self, allowed: set[str], border: BorderModel | None = None) -> tuple[Cover, Plan] | None:
-        """The cheapest cover over ``allowed`` backends; predicted regions it picks are measured."""
+    def dp(self, allowed: set[str], border: BorderModel | None = None,
+           precisions: tuple[str, ...] = ("f32", "bf16")) -> tuple[Cover, Plan] | None:
+        """The cheapest cover over ``allowed`` backends in ``precisions``; predicted regions it
+        picks are measured."""
         border = border or BorderModel()
 
         def priced(c: Candidate) -> float:
@@ -237,7 +243,8 @@ class SearchSession:
 
         for rounds_left in range(MAX_PREDICTED_ROUNDS, -1, -1):
             # The last round trusts no prediction: only measured candidates are left in it.
-            usable = [c for c in self.cands if c.backend in allowed and (rounds_left or not self.guess(c))]
+            usable = [c for c in self.cands if c.backend in allowed and c.scope.compute_precision in precisions
+                      and (rounds_left or not self.guess(c))]
             try:
                 cover = cheapest_cover(self.graph, usable, priced)
             except NoCoverError:
@@ -277,6 +284,7 @@ class SearchSession:
         m, took = self.store.obtain(plan_key(plan) + (":fresh" if fresh else ""), lambda: self.runner.run(
             plan_request(self.module_json, plan, self.model.inputs, PLAN_PROTOCOL, fresh)), f"{self.model.name} {label}")
         self.counts.took(took, m.ok)
+        m = budgeted(m, self.options.tolerance)  # a plan beyond the accuracy budget is a failed plan
         self.progress.advance(f"{label}: " + (f"{m.cost_s * 1e3:.3f} ms" if m.ok else "failed"))
         return m
 
@@ -292,14 +300,21 @@ class SearchSession:
             self.result.cover, self.result.dp_plan = found
             self.result.dp_label = "partune dp"
             self.offer("partune dp", found[1])
+        if "bf16" in self.config.precisions and (f32 := self.dp(set(self.backends), precisions=("f32",))):
+            self.offer("partune dp (f32)", f32[1])  # what the DP takes without bf16: never emitted slower
         self.second_opinions()
         for b in self.backends:
             if b not in self.autotuned:  # all of a model tuned as one region: not what tuning is budgeted for
-                self.offer(f"{b}-only", backend_plan(self.model.name, self.mod, self.graph, self.config, b),
-                           always=True)
+                for precision in self.config.precisions:
+                    if any(s.backend == b and s.compute_precision == precision for s in self.config.primitives):
+                        self.offer(f"{b}-only" + ("" if precision == "f32" else f" ({precision})"),
+                                   backend_plan(self.model.name, self.mod, self.graph, self.config, b, precision),
+                                   always=True)
         self.progress.start_phase("measure plans end to end", len(self.result.plans) + BORDER_ROUNDS)
-        for label, plan in self.result.plans.items():
-            self.end_to_end(label, plan)
+        for label, plan in list(self.result.plans.items()):
+            m = self.end_to_end(label, plan)
+            if label == "partune dp" and overran(m):
+                repair(self, plan, label)
 
     # -- border costs -----------------------------------------------------------------
 

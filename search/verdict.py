@@ -101,6 +101,7 @@ def emit(s: SearchSession, finalists: dict[str, Plan]) -> None:
         # No plan beat a library on the model's own file: that is the plan (never slower than it).
         file = ModelFile(peer_kind(file_peer), model_origin(s.model),
                          sha256(s.model.onnx_bytes) if s.model.onnx_bytes else None)
+        notes = {k: v for k, v in notes.items() if k not in ("rel_error", "tolerance")}  # the file is f32
         notes |= {"kind": "model file", "chosen_as": file_peer, "measured_s": verdict[file_peer].cost_s,
                   "best_partitioned": best,
                   "best_partitioned_median_s": judged[best].median_s if judged else None}
@@ -121,6 +122,8 @@ def _search_notes(s: SearchSession, best: str, ok: dict[str, Measurement]) -> di
     result = s.result
     verdict = result.verdict.measurements
     notes = {"chosen_as": best, "measured_s": ok[best].cost_s,
+             **({"rel_error": ok[best].rel_error, "tolerance": s.options.tolerance}
+                if ok[best].rel_error is not None else {}),
              "end_to_end_s": {k: v.cost_s for k, v in ok.items()},
              "verdict_median_s": {k: v.median_s for k, v in verdict.items() if v.ok},
              "peers": list(result.verdict.peers),

@@ -32,21 +32,26 @@ def summarise(result, model) -> str:
                         if plan.notes.get("best_partitioned_median_s") else "n/a") + " (interleaved medians)")
     lines.append(f"| {'backend':<12} | {'regions':>7} | {'ops':>5} | {'share of time':>13} |")
     lines.append("|--------------|---------|-------|---------------|")
-    for b in plan.backends:
-        regs = [r for r in plan.regions if r.backend == b]
+    for b, precision in dict.fromkeys((r.backend, r.scope.precision) for r in plan.regions):
+        regs = [r for r in plan.regions if r.backend == b and r.scope.precision == precision]
         share = f"{sum(r.cost_s or 0.0 for r in regs) / known:>12.1%}" if known else f"{'-':>13}"
-        lines.append(f"| {b:<12} | {len(regs):>7} | {sum(len(r.nodes) for r in regs):>5} | {share} |")
+        name = b + (f" {precision}" if precision else "")
+        lines.append(f"| {name:<12} | {len(regs):>7} | {sum(len(r.nodes) for r in regs):>5} | {share} |")
     best = min(m.cost_s for m in result.end_to_end.values() if m.ok)
     lines.append("")
     lines.append(f"| {'plan':<36} | {'best ms':>9} | {'median ms':>9} | {'x fastest':>9} |")
     lines.append("|" + "-" * 38 + "|-----------|-----------|-----------|")
     for label, m in sorted(result.end_to_end.items(), key=lambda kv: kv[1].cost_s):
         if m.ok:
-            lines.append(f"| {label:<36} | {m.cost_s * 1e3:9.3f} | {m.median_s * 1e3:9.3f} | {m.cost_s / best:9.2f} |")
+            lines.append(f"| {label:<36} | {m.cost_s * 1e3:9.3f} | {m.median_s * 1e3:9.3f} | {m.cost_s / best:9.2f} |"
+                         + (f"  error {m.rel_error:.1e} vs f32" if m.rel_error is not None else ""))
         else:
             lines.append(f"| {label:<36} | {'failed':>9} | {'-':>9} | {'-':>9} |  {clean_error(m.error or '')}")
     lines.extend(_verdict_lines(result))
     lines.append("")
+    if (error := plan.notes.get("rel_error")) is not None:
+        lines.append(f"bf16 within the accuracy budget: the plan's relative error against f32 is {error:.1e} "
+                     f"(at most {plan.notes['tolerance']:g}), on the model's inputs and on a held-out input set")
     lines.append(f"candidates measured on {result.inputs_from} inputs")
     if result.counts.skipped:
         lines.append(f"cost model: {result.counts.skipped} candidates ranked out of measuring")

@@ -38,7 +38,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       peers=job.peers, refine_trials=args.refine_trials, previous=job.previous,
                       cost_model=job.cost_model, memory=args.objective == "latency+memory",
                       worker_only=args.worker, tune_budget_s=job.tune_budget, tune_trials=args.tune_trials,
-                      build_pool=pool)
+                      build_pool=pool, precision=args.precision,
+                      tolerance=args.tolerance if args.precision == "bf16" else None)
     except KeyboardInterrupt:
         if not args.worker:
             job.study.set_user_attr("stopped", time.time())
@@ -110,6 +111,7 @@ def _prepare(args: argparse.Namespace) -> _Job:
         pins[node] = joined
     if args.workers < 1 or args.heartbeat < 1:
         raise PartuneError("--workers and --heartbeat must be at least 1")
+    _check_precision(args, backends)
     measure_timeout = parse_duration(args.measure_timeout)
     # The device measured on decides which measurements hold: a remote one's own fingerprint.
     with make_runner(args.runner, measure_timeout, args.threads) as probe:
@@ -117,7 +119,8 @@ def _prepare(args: argparse.Namespace) -> _Job:
     store = MeasurementStore(args.storage, device,
                              claim_ttl_s=max(1800.0, 3 * measure_timeout), heartbeat_s=args.heartbeat,
                              retry_failed=args.retry_failed)
-    study_name = args.study or f"{model.name}:{','.join(backends)}"
+    study_name = args.study or f"{model.name}:{','.join(backends)}" + (
+        f":bf16<={args.tolerance:g}" if args.precision == "bf16" else "")  # an f32 job never resumes a bf16 plan
     peers = tuple(p for p in args.peers.split(",") if p and p != "none")
     if unknown := [p for p in peers if p not in PEER_LABELS]:
         raise PartuneError(f"unknown peer(s) {', '.join(unknown)}: use {', '.join(PEER_LABELS)} or none")
@@ -128,6 +131,24 @@ def _prepare(args: argparse.Namespace) -> _Job:
         args.cost_model = beside_store(args.storage, ".costmodel.json")
     return _Job(model, backends, tune_budget, deadline, pins, measure_timeout, store, study, peers,
                 previous_plan(store.storage, study_name), _load_cost_model(args.cost_model))
+
+
+def _check_precision(args: argparse.Namespace, backends: list[str]) -> None:
+    """bf16 only where it is real: a CPU with bf16 instructions, a backend with a bf16 path."""
+    from partune.backends import registry
+    from partune.core.errors import PartuneError
+
+    if args.precision != "bf16":
+        return
+    if not registry.cpu_has_bf16():
+        raise PartuneError("--precision bf16 is not offered here: this CPU reports no bf16 instructions "
+                           "(avx512_bf16 or amx_bf16), so bf16 would be emulated, not faster")
+    if not registry.bf16_names(backends):
+        offering = [n for n in registry.default_names() if registry.get(n).bf16]
+        raise PartuneError(f"--precision bf16: none of {', '.join(backends)} has a bf16 path "
+                           f"(add {' or '.join(offering)} to --backends)")
+    if not args.tolerance > 0:
+        raise PartuneError(f"--tolerance must be a relative error above 0, not {args.tolerance:g}")
 
 
 def _finish(args: argparse.Namespace, job: _Job, result, notes: list[str]) -> int:

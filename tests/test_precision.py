@@ -1,0 +1,185 @@
+"""bf16 regions: precision in the SEScope, the accuracy budget, and bf16 plans deployed.
+
+f32 must read exactly as before precision existed (keys and plan JSON); a bf16 plan is
+only ever chosen within the user's --tolerance, judged on whole plans.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from partune.backends import registry
+from partune.core.graph import DataflowGraph
+from partune.core.keys import candidate_key
+from partune.core.plan import single_backend_plan
+from partune.core.scopes import CompilationConfig, ScopeError, SEScope
+from partune.runners.accuracy import f32_twin, held_out_inputs, relative_error
+from partune.runners.local import LocalRunner
+from partune.runners.timing import Measurement
+from partune.search.candidates import accepted_nodes
+from partune.search.precision import budgeted
+from partune.search.tune import tune
+from partune.store.measurements import MEMORY, MeasurementStore
+
+needs_bf16 = pytest.mark.skipif(not registry.cpu_has_bf16(),
+                                reason="this CPU reports no bf16 instructions: bf16 is not offered here")
+
+
+@I.ir_module
+class Mlp:
+    @R.function
+    def main(x: R.Tensor((32, 256), "float32"), w1: R.Tensor((256, 512), "float32"),
+             w2: R.Tensor((512, 256), "float32")):
+        with R.dataflow():
+            a = R.matmul(x, w1)
+            b = R.nn.gelu(a)
+            c = R.matmul(b, w2)
+            d = R.nn.relu(c)
+            R.output(d)
+        return d
+
+
+class _Model:
+    name = "mlp"
+    mod = Mlp
+    graph = DataflowGraph.from_function(Mlp["main"])
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((32, 256)).astype("float32"),
+              (rng.standard_normal((256, 512)) / 16).astype("float32"),
+              (rng.standard_normal((512, 256)) / 22).astype("float32")]
+    torch_module = None
+    onnx_bytes = None
+    pins: dict = {}
+    reference_source = "numpy (float64)"
+
+    @property
+    def reference(self) -> list[np.ndarray]:
+        from math import erf
+
+        x, w1, w2 = (a.astype(np.float64) for a in self.inputs)
+        a = x @ w1
+        return [np.maximum((0.5 * a * (1 + np.vectorize(erf)(a / np.sqrt(2)))) @ w2, 0).astype("float32")]
+
+
+# -- the scope -----------------------------------------------------------------------
+
+
+def test_f32_scopes_read_as_before_and_bf16_is_its_own_scope():
+    f32 = SEScope("cpu", 0, {"kind": "llvm"}, "global", "openvino")
+    assert "precision" not in f32.to_json() and SEScope(**{**f32.to_json(), "precision": "f32"}) == f32
+    bf16 = SEScope("cpu", 0, {"kind": "llvm"}, "global", "openvino", "bf16")
+    assert bf16 != f32 and SEScope.from_json(bf16.to_json()) == bf16 and str(bf16).endswith("/bf16")
+    g = _Model.graph
+    assert candidate_key(g, (0,), bf16) != candidate_key(g, (0,), f32)
+    # Unset precision is unconstrained when scopes join (a pin to a backend allows either).
+    assert SEScope(backend="openvino").join(bf16) == bf16 and SEScope(backend="tvm").join(bf16) is None
+    with pytest.raises(ScopeError, match="unknown precision"):
+        SEScope(precision="fp8")
+
+
+def test_a_config_offers_bf16_only_for_the_backends_named():
+    plain = CompilationConfig.for_cpu(["tvm", "openvino"])
+    assert plain.precisions == ("f32",) and all("precision" not in json.dumps(s.to_json()) for s in plain.primitives)
+    both = CompilationConfig.for_cpu(["tvm", "openvino"], bf16=("openvino",))
+    assert both.precisions == ("f32", "bf16") and len(both.primitives) == 3
+    assert both.scope_for("openvino").precision is None
+    assert both.scope_for("openvino", "bf16").precision == "bf16"
+    assert CompilationConfig.from_json(both.to_json()) == both
+
+
+def test_only_backends_with_a_real_bf16_path_offer_it():
+    assert registry.get("openvino").bf16
+    assert not registry.get("onnxruntime").bf16 and not registry.get("tvm").bf16
+    offered = registry.bf16_names(["tvm", "onnxruntime", "openvino"])
+    assert offered == (("openvino",) if registry.cpu_has_bf16() else ())
+
+
+# -- the error of a plan ----------------------------------------------------------------
+
+
+def test_relative_error_is_norm_wise_and_refuses_nan():
+    ref = [np.array([1.0, 0.0, -1.0], "float32")]
+    assert relative_error(ref, ref) == 0.0
+    assert relative_error([np.array([1.0, 0.1, -1.0], "float32")], ref) == pytest.approx(0.1 / np.sqrt(2), rel=1e-6)
+    assert relative_error([np.array([np.nan, 0, 0], "float32")], ref) == float("inf")
+    assert relative_error([np.zeros(2, "float32")], [np.zeros(3, "float32")]) == float("inf")
+
+
+def test_the_held_out_inputs_differ_but_look_alike():
+    ids = np.array([[3, 7, 9, 4]], "int64")
+    x = np.random.default_rng(1).normal(5.0, 2.0, (64, 64)).astype("float32")
+    ids2, x2 = held_out_inputs([ids, x])
+    assert ids2.dtype == ids.dtype and ids2.min() >= 3 and ids2.max() <= 9
+    assert not np.array_equal(x2, x) and abs(x2.mean() - 5.0) < 0.2 and abs(x2.std() - 2.0) < 0.2
+    assert np.array_equal(held_out_inputs([ids, x])[1], x2)  # seeded: the same set every time
+
+
+def test_a_plan_over_budget_is_a_failed_plan_with_its_error_kept():
+    m = Measurement(1e-3, 0.0, 1e-3, 5, 1, best_s=1e-3, rel_error=0.02)
+    assert budgeted(m, 0.05) is m and budgeted(m, None) is m
+    over = budgeted(m, 0.01)
+    assert not over.ok and "over the accuracy budget" in over.error and over.rel_error == 0.02
+    assert "rel_error" not in Measurement(1.0, 0.0, 1.0, 1, 1).to_json()  # f32 measurements read as before
+
+
+# -- bf16 for real --------------------------------------------------------------------------
+
+
+def _bf16_plan():
+    config = CompilationConfig.for_cpu(["tvm", "openvino"], bf16=("openvino",))
+    accepted = accepted_nodes(Mlp["main"], "openvino")
+    return single_backend_plan("mlp", _Model.graph, config, "openvino", accepted, "bf16")
+
+
+@needs_bf16
+def test_a_bf16_plan_measures_its_error_against_its_f32_twin():
+    from partune.runners.builder import plan_request
+    from partune.runners.worker import handle
+
+    plan = _bf16_plan()
+    assert {r.scope.precision for r in plan.regions if r.backend == "openvino"} == {"bf16"}
+    module = tvm.ir.save_json(Mlp)
+    m = handle(plan_request(module, plan, _Model.inputs)).measurement
+    assert m.ok and 0 < m.rel_error < 0.05, m  # bf16 rounds (so not 0), but stays close
+    f32 = handle(plan_request(module, f32_twin(plan), _Model.inputs)).measurement
+    assert f32.ok and f32.rel_error is None
+
+
+@needs_bf16
+@pytest.mark.parametrize("tolerance", [1e-7, 1.0])
+def test_the_search_never_emits_a_plan_over_budget(tolerance):
+    store = MeasurementStore(MEMORY, "test-device")
+    with LocalRunner(timeout_s=120) as runner:
+        result = tune(_Model(), ["tvm", "openvino"], runner, store, peers=(), precision="bf16",
+                      tolerance=tolerance)
+    bf16_only = result.end_to_end["openvino-only (bf16)"]
+    assert bf16_only.rel_error is not None and bf16_only.rel_error > 0
+    plan = result.plan
+    if tolerance < 1e-3:  # every bf16 plan is over: refused, and the plan computes in f32
+        assert not bf16_only.ok and "over the accuracy budget" in bf16_only.error
+        assert all(r.scope.precision is None for r in plan.regions)
+        assert "rel_error" not in plan.notes
+    else:
+        assert bf16_only.ok
+        assert plan.notes.get("rel_error", 0.0) <= tolerance
+    assert "partune dp (f32)" in result.end_to_end  # the f32 plan always competes
+
+
+@needs_bf16
+def test_a_bf16_plan_deploys_with_its_precision(tmp_path):
+    from partune import deployed
+    from partune.export import export
+
+    plan = _bf16_plan()
+    out = export(_Model(), plan, tmp_path / "deploy")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {r.get("precision") for r in manifest["regions"]} == {"bf16"}
+    got = deployed.load(out)(*_Model.inputs)
+    err = relative_error([np.asarray(got[0])], _Model().reference)
+    assert 1e-5 < err < 0.05  # bf16 (f32 would be ~1e-7 off), and close
