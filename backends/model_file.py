@@ -49,12 +49,17 @@ class ModelFileRun:
         return lambda: self.run(inputs)
 
 
-def open_model_file(library: str, data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFileRun:
-    """Compile ``data`` (ONNX bytes) with ``library`` for inputs shaped like ``inputs``."""
-    if library == "onnxruntime":
+def open_model_file(library: str, data: bytes, inputs: list[np.ndarray], threads: int,
+                    precision: str = "f32") -> ModelFileRun:
+    """Compile ``data`` (ONNX bytes) with ``library`` for inputs shaped like ``inputs``, to
+    compute in ``precision`` (bf16: OpenVINO only, as its CPU plugin does by default on
+    CPUs with bf16 instructions)."""
+    if library == "onnxruntime" and precision == "f32":
         return _onnxruntime(data, inputs, threads)
     if library == "openvino":
-        return _openvino(data, inputs, threads)
+        return _openvino(data, inputs, threads, precision)
+    if library in LIBRARIES:
+        raise ModelFileError(f"{library} has no {precision} path")
     raise ModelFileError(f"{library} cannot run a model file (libraries: {', '.join(LIBRARIES)})")
 
 
@@ -84,7 +89,7 @@ def _onnxruntime(data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFi
     return ModelFileRun("onnxruntime", names, run)
 
 
-def _openvino(data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFileRun:
+def _openvino(data: bytes, inputs: list[np.ndarray], threads: int, precision: str = "f32") -> ModelFileRun:
     import openvino as ov
 
     from partune.backends.openvino_backend import _core, compile_config
@@ -96,7 +101,7 @@ def _openvino(data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFileR
             raise ModelFileError(f"the file takes {len(model.inputs)} inputs, the model {len(inputs)}")
         if model.is_dynamic():
             model.reshape({port: ov.PartialShape(list(a.shape)) for port, a in zip(model.inputs, inputs, strict=True)})
-        compiled = core.compile_model(model, "CPU", compile_config(threads))
+        compiled = core.compile_model(model, "CPU", compile_config(threads, precision))
     except ModelFileError:
         raise
     except Exception as e:  # noqa: BLE001 - OpenVINO raises RuntimeError, OpConversionFailure, ...

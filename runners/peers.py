@@ -98,13 +98,16 @@ def model_onnx(model) -> bytes:
 # very code a model-file plan deploys with), and torch on the module.
 LIBRARY_PEERS = LIBRARIES
 PEER_LABELS = {"onnxruntime": "onnxruntime", "openvino": "openvino",
-               "torch.compile": "torch.compile (inductor)", "torch": "torch eager"}
+               "torch.compile": "torch.compile (inductor)", "torch": "torch eager", "openvino bf16": "openvino bf16"}
 DEFAULT_PEERS = ("onnxruntime", "openvino", "torch.compile")
+# With --precision bf16, the peers at that precision too: OpenVINO's bf16 (its own default on
+# CPUs with bf16 instructions), timed like the rest and reported with its error.
+BF16_PEERS = ("openvino bf16",)
 
 
 def peer_label(kind: str, model) -> str:
     """How a peer is named in tables: a library says which ONNX graph it ran."""
-    if kind in LIBRARY_PEERS:
+    if kind in LIBRARY_PEERS or kind in BF16_PEERS:
         return f"{kind} ({model_origin(model)})"
     return PEER_LABELS[kind]
 
@@ -116,7 +119,8 @@ def peer_kind(label: str) -> str | None:
 
 def available_peers(model, wanted: tuple[str, ...]) -> tuple[str, ...]:
     """The peer kinds of ``wanted`` that ``model`` can have at all (torch needs the module)."""
-    return tuple(k for k in wanted if k in PEER_LABELS and (k in LIBRARY_PEERS or model.torch_module is not None))
+    return tuple(k for k in wanted if k in PEER_LABELS and (k in LIBRARY_PEERS or k in BF16_PEERS
+                                                             or model.torch_module is not None))
 
 
 def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS) -> dict[str, dict]:
@@ -127,11 +131,12 @@ def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS) -> dict[str, dict
     its one-line reason; one the library cannot read fails where it is built.
     """
     specs: dict[str, dict] = {}
-    libraries = [k for k in available_peers(model, wanted) if k in LIBRARY_PEERS]
+    libraries = [k for k in available_peers(model, wanted) if k in LIBRARY_PEERS or k in BF16_PEERS]
     if libraries:
         try:
             data = base64.b64encode(model_onnx(model)).decode()
-            specs |= {peer_label(k, model): {"kind": k, "onnx": data} for k in libraries}
+            specs |= {peer_label(k, model): {"kind": k.split()[0], "onnx": data}
+                      | ({"precision": k.split()[1]} if " " in k else {}) for k in libraries}
         except Exception as e:  # noqa: BLE001 - the exporters raise many kinds
             why = f"{model_origin(model)}: {last_line(e, 160)}"
             specs |= {peer_label(k, model): {"kind": "unavailable", "why": why} for k in libraries}
@@ -148,12 +153,25 @@ def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS) -> dict[str, dict
 def make_peer(spec: dict, inputs: list[np.ndarray], threads: int) -> Runnable:
     """Build a peer from its spec, ready to time (compilation happens here, untimed)."""
     if spec["kind"] in LIBRARY_PEERS:
-        return open_model_file(spec["kind"], base64.b64decode(spec["onnx"]), inputs, threads).prepare(inputs)
+        return open_model_file(spec["kind"], base64.b64decode(spec["onnx"]), inputs, threads,
+                               spec.get("precision", "f32")).prepare(inputs)
     if spec["kind"] in ("torch", "torch.compile"):
         module = rebuild_module(spec["module"])
         make = torch_compile if spec["kind"] == "torch.compile" else torch_eager
         return make(module, inputs, threads)
     raise RuntimeError(spec.get("why", f"unknown peer kind {spec['kind']}"))
+
+
+def peer_error(spec: dict, inputs: list[np.ndarray], threads: int) -> float | None:
+    """A reduced-precision library peer's relative error against the same library on the same
+    file in f32 (``partune.runners.accuracy``); None for an f32 peer."""
+    if spec.get("precision", "f32") == "f32" or spec["kind"] not in LIBRARY_PEERS:
+        return None
+    from partune.runners.accuracy import plan_error
+
+    data = base64.b64decode(spec["onnx"])
+    return plan_error(open_model_file(spec["kind"], data, inputs, threads, spec["precision"]),
+                      open_model_file(spec["kind"], data, inputs, threads), inputs)
 
 
 def weights_digest(module) -> str:

@@ -185,7 +185,7 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
     """
     from partune.backends import registry
     from partune.core.plan import Plan
-    from partune.runners.peers import make_peer
+    from partune.runners.peers import make_peer, peer_error
     from partune.runners.timing import time_interleaved
 
     registry.set_threads(req.threads)
@@ -204,7 +204,14 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
         except Exception as e:  # noqa: BLE001 - one contender failing must not end the comparison
             fns.pop(label, None)
             failed[label] = Measurement.failed(f"{type(e).__name__}: {last_line(e)}")
-    return MeasurementsReply(time_interleaved(fns, rounds=req.rounds) | failed)
+    timed = time_interleaved(fns, rounds=req.rounds)
+    for label, c in req.contenders.items():  # a reduced-precision peer: its error, for the budget
+        if label in timed and isinstance(c, dict) and c.get("precision", "f32") != "f32":
+            try:
+                timed[label] = dataclasses.replace(timed[label], rel_error=peer_error(c, ctx.inputs, registry.threads()))
+            except Exception as e:  # noqa: BLE001 - an error that cannot be measured fails the peer
+                timed[label] = Measurement.failed(f"its error against f32 could not be measured: {last_line(e)}")
+    return MeasurementsReply(timed | failed)
 
 
 @dataclasses.dataclass

@@ -79,6 +79,12 @@ class Verdict:
     measurements: dict[str, Measurement] = field(default_factory=dict)  # label -> measurement
     peers: tuple[str, ...] = ()  # which labels are peers (not Partune plans)
     threads: int = 1  # at more than one, each contender was timed in a process of its own
+    tolerance: float | None = None  # with bf16: a peer whose error is above it is no bar to beat
+
+    def over_budget(self, label: str) -> bool:
+        m = self.measurements.get(label)
+        return (self.tolerance is not None and m is not None and m.rel_error is not None
+                and not m.rel_error <= self.tolerance)
 
     @property
     def how(self) -> str:
@@ -87,7 +93,8 @@ class Verdict:
 
     @property
     def best_peer(self) -> str | None:
-        ok = [p for p in self.peers if self.measurements.get(p) is not None and self.measurements[p].ok]
+        ok = [p for p in self.peers if self.measurements.get(p) is not None and self.measurements[p].ok
+              and not self.over_budget(p)]
         return min(ok, key=lambda p: self.measurements[p].median_s) if ok else None
 
 

@@ -20,6 +20,7 @@ from partune.core.keys import plan_key, verdict_key
 from partune.core.plan import ModelFile, Plan, Region, model_file_plan
 from partune.runners.builder import compare_request
 from partune.runners.peers import (
+    BF16_PEERS,
     LIBRARY_PEERS,
     available_peers,
     model_origin,
@@ -50,7 +51,8 @@ def judge(s: SearchSession, finalists: dict[str, Plan]) -> None:
     One worker times the verdict (it claims the key); the others wait and read it.
     """
     model, store, counts = s.model, s.store, s.counts
-    wanted = available_peers(model, s.options.peers)
+    bf16 = BF16_PEERS if "bf16" in s.config.precisions else ()
+    wanted = available_peers(model, s.options.peers + tuple(p for p in bf16 if p.split()[0] in s.options.peers))
     key = verdict_key(model.graph.fingerprint, [plan_key(p) for p in finalists.values()], wanted)
     labels = list(finalists) + [peer_label(p, model) for p in wanted]
     s.progress.start_phase("plans vs peers, interleaved", 1)
@@ -69,7 +71,8 @@ def judge(s: SearchSession, finalists: dict[str, Plan]) -> None:
     else:
         measured = {label: store.get(key + label) for label in labels}
         counts.reused += len(labels)
-    s.result.verdict = Verdict(measured, tuple(peer_label(p, model) for p in wanted), s.options.threads)
+    s.result.verdict = Verdict(measured, tuple(peer_label(p, model) for p in wanted), s.options.threads,
+                               s.options.tolerance)
     best = min((m.median_s for m in measured.values() if m.ok), default=float("nan"))
     s.progress.advance(f"fastest median {best * 1e3:.3f} ms")
 

@@ -156,7 +156,7 @@ def test_a_bf16_plan_measures_its_error_against_its_f32_twin():
 def test_the_search_never_emits_a_plan_over_budget(tolerance):
     store = MeasurementStore(MEMORY, "test-device")
     with LocalRunner(timeout_s=120) as runner:
-        result = tune(_Model(), ["tvm", "openvino"], runner, store, peers=(), precision="bf16",
+        result = tune(_Model(), ["tvm", "openvino"], runner, store, peers=("openvino",), precision="bf16",
                       tolerance=tolerance)
     bf16_only = result.end_to_end["openvino-only (bf16)"]
     assert bf16_only.rel_error is not None and bf16_only.rel_error > 0
@@ -169,6 +169,12 @@ def test_the_search_never_emits_a_plan_over_budget(tolerance):
         assert bf16_only.ok
         assert plan.notes.get("rel_error", 0.0) <= tolerance
     assert "partune dp (f32)" in result.end_to_end  # the f32 plan always competes
+    # OpenVINO in bf16 is a peer too, with its error; over the budget, it is no bar to beat.
+    verdict = result.verdict
+    peer = "openvino bf16 (Relax-to-ONNX export)"
+    assert peer in verdict.peers and verdict.measurements[peer].rel_error > 0
+    assert verdict.over_budget(peer) == (tolerance < 1e-3)
+    assert (verdict.best_peer == peer) <= (tolerance > 1e-3)
 
 
 @needs_bf16
@@ -183,3 +189,17 @@ def test_a_bf16_plan_deploys_with_its_precision(tmp_path):
     got = deployed.load(out)(*_Model.inputs)
     err = relative_error([np.asarray(got[0])], _Model().reference)
     assert 1e-5 < err < 0.05  # bf16 (f32 would be ~1e-7 off), and close
+
+
+def test_bf16_where_it_cannot_be_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    from partune.cli import main
+
+    common = ["tune", "no-such-model", "--storage", f"sqlite:///{tmp_path / 'm.db'}", "--precision", "bf16"]
+    assert main([*common, "--backends", "tvm,onnxruntime"]) == 2  # refused before the model is read
+    err = capsys.readouterr().err.strip()
+    if registry.cpu_has_bf16():
+        assert len(err.splitlines()) == 1 and err.endswith("has a bf16 path (add openvino to --backends)"), err
+    monkeypatch.setattr(registry, "cpu_has_bf16", lambda: False)
+    assert main([*common, "--backends", "tvm,openvino"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "this CPU reports no bf16 instructions" in err, err

@@ -104,7 +104,9 @@ def _verdict_lines(result) -> list[str]:
         if m.ok:
             ratio = ref / m.median_s if peer else m.median_s / ref
             lines.append(f"| {kind + label:<36} | {m.median_s * 1e3:9.3f} | {m.cost_s * 1e3:9.3f} | "
-                         + (f"{ratio:>39.2f}x |" if peer else f"{ratio:9.2f} |"))
+                         + (f"{ratio:>39.2f}x |" if peer else f"{ratio:9.2f} |")
+                         + (f"  error {m.rel_error:.1e} vs f32" if m.rel_error is not None else "")
+                         + (", OVER THE BUDGET: not a bar to beat" if result.verdict.over_budget(label) else ""))
         else:
             lines.append(f"| {kind + label:<36} | {'unavailable' if kind else 'failed':>9} | {'-':>9} | {clean_error(m.error or '')}")
     notes = result.plan.notes

@@ -94,6 +94,7 @@ def _prepare(args: argparse.Namespace) -> _Job:
         backends += [n for n in registry.names() if registry.get(n).autotuned and n not in backends]
     for b in backends:
         registry.get(b)
+    _check_precision(args, backends)
     if any(registry.get(b).autotuned for b in backends):
         tune_budget = tune_budget or DEFAULT_TUNE_BUDGET_S
         # Beside the store: tuning records serve every later run and model, like measurements.
@@ -111,7 +112,6 @@ def _prepare(args: argparse.Namespace) -> _Job:
         pins[node] = joined
     if args.workers < 1 or args.heartbeat < 1:
         raise PartuneError("--workers and --heartbeat must be at least 1")
-    _check_precision(args, backends)
     measure_timeout = parse_duration(args.measure_timeout)
     # The device measured on decides which measurements hold: a remote one's own fingerprint.
     with make_runner(args.runner, measure_timeout, args.threads) as probe:
