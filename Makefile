@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-single clean
+.PHONY: demo test lint bench bench-bf16 bench-single clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -29,6 +29,12 @@ bench: $(STAMP)
 	$(BIN)/python experiments/bench_vs_peers.py
 	$(BIN)/python experiments/bench_vs_peers.py --threads all --out experiments/results/vs_peers_all_cores.md
 	$(BIN)/python experiments/bench_vs_peers.py --held-out
+
+# bf16 regions within a 1e-2 relative-error budget, against the f32 plan and the peers at that
+# budget (shares the f32 benchmark's store: run after `make bench`).
+bench-bf16: $(STAMP)
+	$(BIN)/python experiments/bench_bf16.py
+	$(BIN)/python experiments/bench_bf16.py --threads all
 
 bench-single: $(STAMP)
 	$(BIN)/python experiments/bench_single_backends.py

@@ -30,6 +30,7 @@ from partune.core.plan import Plan, Region
 from partune.core.scopes import CompilationConfig, SEScope
 from partune.cost_models.base import CostModel
 from partune.cost_models.borders import BorderModel, Equation, fit, region_features
+from partune.runners.accuracy import has_bf16
 from partune.runners.build_pool import BuildPool, Lookahead
 from partune.runners.builder import plan_request, region_request
 from partune.runners.peers import DEFAULT_PEERS
@@ -42,7 +43,7 @@ from partune.search.precision import budgeted, overran, repair
 from partune.search.pruning import features, prune
 from partune.search.refine import refine
 from partune.search.result import Counts, Progress, TuneResult
-from partune.store.measurements import MeasurementStore
+from partune.store.measurements import POLL_S, MeasurementStore
 
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
 CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
@@ -53,6 +54,10 @@ MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regi
 # cost: a prediction a little too high then still gets the candidate tried (measured) when
 # it is near the best, instead of leaving it out for good.
 OPTIMISM = 0.8
+# A wait on another worker's claim looks again after this, then twice as long each time, up
+# to the store's POLL_S: what another worker is measuring usually lands within a second, and
+# a worker that slept POLL_S before each look would trail it by seconds at every such wait.
+FIRST_POLL_S = 0.05
 
 
 @dataclass
@@ -101,6 +106,7 @@ class SearchSession:
         self.features = {c: region_features(self.graph, c.subgraph.nodes) for c in self.cands}
         self.module_json = tvm.ir.save_json(self.mod)
         self.equations: dict[str, Equation] = {}  # plan label -> its border-cost equation
+        self.calibrated: set[str] = set()  # calibration keys this session measured
 
     @property
     def counts(self) -> Counts:
@@ -111,10 +117,13 @@ class SearchSession:
         from partune.search.verdict import emit, judge
 
         start = time.monotonic()
+        # The calibration's keys no other worker holds, first: workers sharing the search split
+        # them, where calibrating after the candidates would leave all but one waiting.
+        self.calibrate(early=True)
         self.measure_candidates(self.first_batch())
         if self.predicted:  # learn from this model's own measurements before the DP trusts the rest
             self.learn()
-        self.adjust = calibrate(self.runner, self.store, self.config, self.counts, CANDIDATE_PROTOCOL)
+        self.adjust = self.calibrate()
         self.result.adjust_s = {k.backend or str(k): v for k, v in self.adjust.items()}
         if self.autotuned and self.options.tune_budget_s > 0:
             autotune(self)
@@ -123,6 +132,7 @@ class SearchSession:
         self.refine()
         if not self.options.worker_only:  # a helper worker: the primary takes it from here
             finalists = self.finalists()
+            self.await_verdict(finalists)
             judge(self, finalists)
             emit(self, finalists)
         self.result.search_s = time.monotonic() - start
@@ -182,8 +192,8 @@ class SearchSession:
             if deadline is not None and time.monotonic() > deadline:
                 self.result.timed_out = True
                 break
-            m, took = self.store.obtain(key, lambda key=key: self.runner.run(ahead.request(key)),
-                                        f"{self.model.name} {c}", deadline, wait)
+            m, took = self.obtain(key, lambda key=key: self.runner.run(ahead.request(key)),
+                                  f"{self.model.name} {c}", deadline, wait)
             if m is None and not wait and (deadline is None or time.monotonic() <= deadline):
                 deferred.append(key)
                 continue
@@ -196,6 +206,24 @@ class SearchSession:
             self.progress.advance(f"{c.backend} {region_label(self.graph, c.subgraph.nodes, width=32)}: "
                                   + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
         return deferred
+
+    def obtain(self, key: str, take, label: str, deadline: float | None = None,
+               wait: bool = True) -> tuple[Measurement | None, bool]:
+        """``store.obtain``, but a wait on another worker's claim looks again soon and backs
+        off (``FIRST_POLL_S`` doubling to ``POLL_S``) instead of sleeping ``POLL_S`` each time."""
+        pause = FIRST_POLL_S
+        while True:
+            m, took = self.store.obtain(key, take, label, deadline, wait=False)
+            if m is not None or not wait or (deadline is not None and time.monotonic() > deadline):
+                return m, took
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_S)
+
+    def calibrate(self, early: bool = False) -> dict[SEScope, float]:
+        """Fixed per-call costs (``partune.search.calibration``), each key measured once by
+        whichever worker claims it. ``early``: only the keys nobody holds are taken, and the
+        result is not for use; later, without it, every key is read (or waited for)."""
+        return calibrate(self.runner, _CalibrationView(self, early), self.config, Counts(), CANDIDATE_PROTOCOL)
 
     def learn(self) -> None:
         """Refit the cost model on everything measured of this model (from the model it
@@ -279,10 +307,14 @@ class SearchSession:
                     added.append(label)
         return added
 
-    def measure(self, plan: Plan, label: str, fresh: bool = False) -> Measurement:
-        """``plan`` end to end; ``fresh``: in a new worker process, so its peak memory is its own."""
-        m, took = self.store.obtain(plan_key(plan) + (":fresh" if fresh else ""), lambda: self.runner.run(
-            plan_request(self.module_json, plan, self.model.inputs, PLAN_PROTOCOL, fresh)), f"{self.model.name} {label}")
+    def measure(self, plan: Plan, label: str, fresh: bool = False, wait: bool = True) -> Measurement | None:
+        """``plan`` end to end; ``fresh``: in a new worker process, so its peak memory is its own.
+        Without ``wait``, None when another worker is measuring it (come back for it)."""
+        m, took = self.obtain(plan_key(plan) + (":fresh" if fresh else ""), lambda: self.runner.run(
+            plan_request(self.module_json, plan, self.model.inputs, PLAN_PROTOCOL, fresh)), f"{self.model.name} {label}",
+            wait=wait)
+        if m is None:
+            return None
         self.counts.took(took, m.ok)
         m = budgeted(m, self.options.tolerance)  # a plan beyond the accuracy budget is a failed plan
         self.progress.advance(f"{label}: " + (f"{m.cost_s * 1e3:.3f} ms" if m.ok else "failed"))
@@ -292,6 +324,15 @@ class SearchSession:
         """Measure a contender end to end and record it under ``label``."""
         self.result.end_to_end[label] = self.measure(plan, label)
         return self.result.end_to_end[label]
+
+    def end_to_end_all(self, plans: dict[str, Plan]) -> None:
+        """Measure these contenders end to end (recorded in their order): the ones no other
+        worker is measuring first, then the rest, waited for; workers sharing the search
+        split the plans instead of queueing behind one another."""
+        measured = {label: m for label, plan in plans.items()
+                    if (m := self.measure(plan, label, wait=False)) is not None}
+        for label, plan in plans.items():
+            self.result.end_to_end[label] = measured.get(label) or self.measure(plan, label)
 
     def propose(self) -> None:
         """The DP's plan, its second opinions and every single-backend plan, measured end to end."""
@@ -311,10 +352,9 @@ class SearchSession:
                                    backend_plan(self.model.name, self.mod, self.graph, self.config, b, precision),
                                    always=True)
         self.progress.start_phase("measure plans end to end", len(self.result.plans) + BORDER_ROUNDS)
-        for label, plan in list(self.result.plans.items()):
-            m = self.end_to_end(label, plan)
-            if label == "partune dp" and overran(m):
-                repair(self, plan, label)
+        self.end_to_end_all(dict(self.result.plans))
+        if "partune dp" in self.result.plans and overran(self.result.end_to_end["partune dp"]):
+            repair(self, self.result.plans["partune dp"], "partune dp")
 
     # -- border costs -----------------------------------------------------------------
 
@@ -346,8 +386,7 @@ class SearchSession:
             if (e := self.equation(refined[1], self.end_to_end(label, refined[1]))) is not None:
                 self.equations[label] = e
         if result.border.equations:  # second opinions with border costs too
-            for label in self.second_opinions(result.border, "+borders"):
-                self.end_to_end(label, result.plans[label])
+            self.end_to_end_all({label: result.plans[label] for label in self.second_opinions(result.border, "+borders")})
         self.estimate_dp_plan()
 
     def estimate_dp_plan(self) -> None:
@@ -383,6 +422,30 @@ class SearchSession:
             if self.offer("partune refined", refined.plan):
                 result.end_to_end["partune refined"] = refined.measurement
 
+    def await_verdict(self, finalists: dict[str, Plan]) -> None:
+        """While another worker of this search times the verdict, wait for it with short polls
+        (``judge`` looks every ``POLL_S``), so a worker that follows ends when the verdict lands.
+
+        The key is the one ``judge`` claims; were the two to differ, nothing would be held
+        under this one and ``judge`` would simply wait on its own."""
+        from partune.core.keys import verdict_key
+        from partune.runners.peers import BF16_PEERS, available_peers
+        from partune.store.claims import alive
+
+        peers = self.options.peers
+        bf16 = BF16_PEERS if "bf16" in self.config.precisions else ()
+        wanted = available_peers(self.model, peers + tuple(p for p in bf16 if p.split()[0] in peers))
+        key = verdict_key(self.graph.fingerprint, [plan_key(p) for p in finalists.values()], wanted)
+        claims, pause, waited = self.store.claims, FIRST_POLL_S, False
+        # Not past the claim's time to live: a dead worker's claim is then judge's to take over.
+        until = time.monotonic() + getattr(claims, "ttl_s", 0.0)
+        while (time.monotonic() < until and (holder := claims.holder(key)) not in (None, claims.owner)
+               and alive(holder) and not claims.is_done(key)):
+            time.sleep(pause)
+            pause, waited = min(2 * pause, POLL_S), True
+        if waited:
+            self.store.refresh()
+
     def finalists(self) -> dict[str, Plan]:
         """The plans that meet the peers: the fastest few, plus each graph-level backend's own plan.
 
@@ -403,8 +466,35 @@ class SearchSession:
                                "; ".join(f"{k}: {clean_error(m.error or '')}" for k, m in result.end_to_end.items()))
         picked: dict[str, str] = {}  # plan key -> label: one label per distinct plan
         mirrors = [f"{b}-only" for b in self.backends if registry.get(b).level.value == "compiler"]
+        f32 = None  # with bf16 on offer, the fastest all-f32 plan is in too: never emitted slower
+        if "bf16" in self.config.precisions:
+            f32 = min((label for label in ok if not has_bf16(result.plans[label])), key=lambda label: ok[label].cost_s,
+                      default=None)
         for label in sorted(ok, key=lambda label: ok[label].cost_s):
             key = plan_key(result.plans[label])
-            if (len(picked) < FINALISTS or label in mirrors) and key not in picked:
+            if (len(picked) < FINALISTS or label in mirrors or label == f32) and key not in picked:
                 picked[key] = label
         return {label: result.plans[label] for label in picked.values()}
+
+
+_HELD = Measurement(0.0, 0.0, 0.0, 0, 0, error="held by another worker")
+
+
+class _CalibrationView:
+    """The store as ``calibrate`` sees it from a session: keys through the session's
+    ``obtain``, counted in the session's counts (each key once: measured if this session took
+    it, else reused). ``early``: a key another worker holds is skipped, ``_HELD`` standing in."""
+
+    def __init__(self, session: SearchSession, early: bool) -> None:
+        self.session, self.early = session, early
+
+    def obtain(self, key: str, take, label: str = "", deadline: float | None = None,
+               wait: bool = True) -> tuple[Measurement, bool]:
+        s = self.session
+        m, took = s.obtain(key, take, label, wait=not self.early)
+        if took:
+            s.calibrated.add(key)
+        if not self.early:  # the pass that reads every key counts them
+            s.counts.measured += key in s.calibrated
+            s.counts.reused += key not in s.calibrated
+        return (m if m is not None else _HELD), took

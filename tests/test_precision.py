@@ -19,7 +19,7 @@ from partune.core.graph import DataflowGraph
 from partune.core.keys import candidate_key
 from partune.core.plan import single_backend_plan
 from partune.core.scopes import CompilationConfig, ScopeError, SEScope
-from partune.runners.accuracy import f32_twin, held_out_inputs, relative_error
+from partune.runners.accuracy import f32_twin, has_bf16, held_out_inputs, relative_error
 from partune.runners.local import LocalRunner
 from partune.runners.timing import Measurement
 from partune.search.candidates import accepted_nodes
@@ -175,6 +175,13 @@ def test_the_search_never_emits_a_plan_over_budget(tolerance):
     assert peer in verdict.peers and verdict.measurements[peer].rel_error > 0
     assert verdict.over_budget(peer) == (tolerance < 1e-3)
     assert (verdict.best_peer == peer) <= (tolerance > 1e-3)
+    # The fastest all-f32 plan meets the peers too: the emitted plan is never slower than it.
+    f32_finalists = [label for label in verdict.measurements if label in result.plans
+                     and not has_bf16(result.plans[label])]
+    assert f32_finalists
+    chosen = plan.notes["chosen_as"]
+    if chosen in verdict.measurements:
+        assert verdict.measurements[chosen].median_s <= min(verdict.measurements[f].median_s for f in f32_finalists)
 
 
 @needs_bf16
