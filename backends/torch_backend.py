@@ -62,6 +62,7 @@ class TorchBackend(Backend):
     level = Level.LIBRARY
     fusion_style = FusionStyle.NONE
     device_types = ("cpu", "cuda")
+    bf16 = True  # CPU autocast: oneDNN's bf16 matmuls and convolutions
 
     def accepts(self, binding: relax.Binding) -> bool:
         try:
@@ -84,7 +85,7 @@ class TorchBackend(Backend):
     def build_region(self, func: relax.Function, scope: SEScope, threads: int) -> RegionKernel:
         self.set_threads(threads)
         try:
-            return compile_region(func, torch_device(scope))
+            return compile_region(func, torch_device(scope), scope.compute_precision)
         except BackendError:
             raise
         except Exception as err:  # e.g. constant folding hit an ATen error

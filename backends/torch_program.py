@@ -8,6 +8,8 @@ step computes, this module decides how steps are laid out and run.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -279,8 +281,10 @@ def verify(p: Program, inputs: list[tuple[int, Any]]) -> None:
             raise BackendError(f"translation gives {describe(env[slot])} where Relax has {ty}")
 
 
-def compile_region(func: relax.Function, device: torch.device) -> RegionKernel:
-    """Translate ``func`` into a destination-passing kernel over DLPack tensors."""
+def compile_region(func: relax.Function, device: torch.device, precision: str = "f32") -> RegionKernel:
+    """Translate ``func`` into a destination-passing kernel over DLPack tensors; in bf16, the
+    steps run under CPU autocast (matmuls, linears and convolutions in bfloat16 on the CPU's
+    bf16 instructions; the outputs are written back in the region's dtypes)."""
     p = Program(device)
     inputs = []
     for param in func.params:
@@ -300,13 +304,16 @@ def compile_region(func: relax.Function, device: torch.device) -> RegionKernel:
             emit_binding(p, b)
     outputs = output_paths(p, ret, ret.ty)
     verify(p, inputs)
-    return make_kernel(p, [s for s, _ in inputs], outputs)
+    return make_kernel(p, [s for s, _ in inputs], outputs, bf16=precision == "bf16")
 
 
-def make_kernel(p: Program, in_slots: list[int], outputs: list[tuple[int, tuple[int, ...]]]) -> RegionKernel:
+def make_kernel(p: Program, in_slots: list[int], outputs: list[tuple[int, tuple[int, ...]]],
+                bf16: bool = False) -> RegionKernel:
     template, steps = list(p.template), list(p.steps)
     n_in, n_out = len(in_slots), len(outputs)
     from_dlpack = torch.from_dlpack
+    precision = (functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if bf16
+                 else contextlib.nullcontext)
 
     def kernel(*args: Any) -> None:
         if len(args) != n_in + n_out:
@@ -315,7 +322,7 @@ def make_kernel(p: Program, in_slots: list[int], outputs: list[tuple[int, tuple[
         try:
             for slot, a in zip(in_slots, args, strict=False):
                 env[slot] = from_dlpack(a)
-            with torch.inference_mode():
+            with torch.inference_mode(), precision():
                 for fn, ins, out in steps:
                     env[out] = fn(*[env[i] for i in ins])
                 for (slot, path), dst in zip(outputs, args[n_in:], strict=True):

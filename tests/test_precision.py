@@ -94,7 +94,7 @@ def test_a_config_offers_bf16_only_for_the_backends_named():
 
 
 def test_only_backends_with_a_real_bf16_path_offer_it():
-    assert registry.get("openvino").bf16
+    assert registry.get("openvino").bf16 and registry.get("torch").bf16
     assert not registry.get("onnxruntime").bf16 and not registry.get("tvm").bf16
     offered = registry.bf16_names(["tvm", "onnxruntime", "openvino"])
     assert offered == (("openvino",) if registry.cpu_has_bf16() else ())
@@ -149,6 +149,22 @@ def test_a_bf16_plan_measures_its_error_against_its_f32_twin():
     assert m.ok and 0 < m.rel_error < 0.05, m  # bf16 rounds (so not 0), but stays close
     f32 = handle(plan_request(module, f32_twin(plan), _Model.inputs)).measurement
     assert f32.ok and f32.rel_error is None
+
+
+@needs_bf16
+@pytest.mark.parametrize("backend", ["openvino", "torch"])
+def test_a_bf16_region_computes_in_bf16(backend):
+    kernel = {}
+    for precision in ("f32", "bf16"):
+        scope = SEScope("cpu", 0, None, "global", backend, precision)
+        kernel[precision] = registry.get(backend).build_region(Mlp["main"], scope, 1)
+    outs = {}
+    for precision, k in kernel.items():
+        args = [tvm.runtime.tensor(a) for a in _Model.inputs] + [tvm.runtime.tensor(np.empty((32, 256), "float32"))]
+        k(*args)
+        outs[precision] = args[-1].numpy()
+    assert outs["bf16"].dtype == np.float32
+    assert 1e-5 < relative_error([outs["bf16"]], [outs["f32"]]) < 0.05  # rounded like bf16, and close
 
 
 @needs_bf16
