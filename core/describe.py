@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # (the graph module imports TVM; a status table need not)
     from partune.core.graph import DataflowGraph
+    from partune.core.scopes import SEScope
 
 
 def short_op(op: str) -> str:
@@ -38,6 +39,11 @@ def op_summary(graph: DataflowGraph, nodes: Iterable[int], limit: int | None = N
     if limit is not None and len(parts) > limit:
         parts = parts[:limit] + [f"+{len(parts) - limit} more kinds"]
     return ", ".join(parts)
+
+
+def scope_name(scope: SEScope) -> str:
+    """A scope as people name it: its backend, and its precision when not f32 ("openvino bf16")."""
+    return (scope.backend or str(scope)) + (f" {scope.precision}" if scope.precision else "")
 
 
 def region_label(graph: DataflowGraph, nodes: Iterable[int], width: int = 40) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from partune.core.describe import fit_table, op_counts, op_summary, short_op
+from partune.core.describe import fit_table, op_counts, op_summary, scope_name, short_op
 from partune.core.errors import clean_error
 from partune.core.graph import DataflowGraph
 from partune.core.keys import candidate_key
@@ -169,7 +169,7 @@ def gather_evidence(plan: Plan, model: Model, measured: Mapping[str, Measurement
             proposed[c.backend].add(c.subgraph.nodes)
     adjust = calibrate(None, _ReadOnlyStore(measured), plan.config, Counts(), CANDIDATE_PROTOCOL)  # type: ignore[arg-type]
     return Evidence(measured, accepted, {b: frozenset(s) for b, s in proposed.items()},
-                    {s.backend: v for s, v in adjust.items() if s.backend},
+                    {scope_name(s): v for s, v in adjust.items() if s.backend},
                     {b: registry.get(b).fusion_style.value for b in backends}, _tuned_keys(measured), device,
                     frozenset(b for b in backends if registry.get(b).autotuned))
 
@@ -196,16 +196,17 @@ def _refused(graph: DataflowGraph, nodes: Sequence[int], accepted: frozenset[int
 def _candidate(graph: DataflowGraph, nodes: tuple[int, ...], scope: SEScope, ev: Evidence) -> CandidateFact:
     """What one backend did with exactly ``nodes``; the reason is filled in once the winner is known."""
     b = scope.backend or "?"
+    name = scope_name(scope)
     key = candidate_key(graph, nodes, scope)
     m = ev.measured.get(ev.tuned.get(key, key))
     refused = _refused(graph, nodes, ev.accepted.get(b, frozenset()))
     if m is None:
         status = REFUSED if refused else UNMEASURED if nodes in ev.proposed.get(b, ()) else UNPROPOSED
-        return CandidateFact(b, status, "", refused=refused)
+        return CandidateFact(name, status, "", refused=refused)
     if not m.ok:
-        return CandidateFact(b, FAILED, "", "measured", refused=refused, error=clean_error(m.error or ""))
-    in_model = max(m.cost_s + ev.adjust_s.get(b, 0.0), 0.0)
-    return CandidateFact(b, MEASURED, "", "measured", m.cost_s, m.median_s, m.spread_s, in_model, refused)
+        return CandidateFact(name, FAILED, "", "measured", refused=refused, error=clean_error(m.error or ""))
+    in_model = max(m.cost_s + ev.adjust_s.get(name, 0.0), 0.0)
+    return CandidateFact(name, MEASURED, "", "measured", m.cost_s, m.median_s, m.spread_s, in_model, refused)
 
 
 def _time(seconds: float | None) -> str:
@@ -252,7 +253,8 @@ def _region(graph: DataflowGraph, index: int, region: Region, plan: Plan, ev: Ev
     from partune.cost_models.borders import region_features
 
     nodes = tuple(sorted(set(region.nodes)))
-    scopes = [region.scope] + [s for s in plan.config.primitives if s.backend != region.backend]
+    scopes = [region.scope] + [s for s in plan.config.primitives
+                               if (s.backend, s.precision) != (region.backend, region.scope.precision)]
     facts = [_candidate(graph, nodes, s, ev) for s in scopes]
     winner = facts[0] if facts[0].status == MEASURED else None
     others = sorted((f for f in facts[1:] if f.status == MEASURED), key=lambda f: f.in_model_s or 0.0)

@@ -23,7 +23,7 @@ import numpy as np
 import tvm
 
 from partune.backends import registry
-from partune.core.describe import region_label
+from partune.core.describe import region_label, scope_name
 from partune.core.errors import PartuneError, clean_error, last_line
 from partune.core.keys import candidate_key, plan_key
 from partune.core.plan import Plan, Region
@@ -117,14 +117,13 @@ class SearchSession:
         from partune.search.verdict import emit, judge
 
         start = time.monotonic()
-        # The calibration's keys no other worker holds, first: workers sharing the search split
-        # them, where calibrating after the candidates would leave all but one waiting.
-        self.calibrate(early=True)
-        self.measure_candidates(self.first_batch())
+        # The calibration's keys are taken by the workers that run out of candidates first, while
+        # the last candidates are measured: calibrating after them would leave all but one waiting.
+        self.measure_candidates(self.first_batch(), meanwhile=lambda: self.calibrate(early=True))
         if self.predicted:  # learn from this model's own measurements before the DP trusts the rest
             self.learn()
         self.adjust = self.calibrate()
-        self.result.adjust_s = {k.backend or str(k): v for k, v in self.adjust.items()}
+        self.result.adjust_s = {scope_name(k): v for k, v in self.adjust.items()}
         if self.autotuned and self.options.tune_budget_s > 0:
             autotune(self)
         self.propose()
@@ -168,8 +167,9 @@ class SearchSession:
         self.progress.advance(self.result.inputs_from)
         return values or {}
 
-    def measure_candidates(self, batch: dict[str, Candidate]) -> None:
-        """Measure ``batch`` (key -> candidate) in order; a deadline stops it."""
+    def measure_candidates(self, batch: dict[str, Candidate], meanwhile=None) -> None:
+        """Measure ``batch`` (key -> candidate) in order; a deadline stops it. ``meanwhile``
+        runs once no key is left that another worker holds, before those are waited for."""
         if batch and self.values is None:
             self.values = self.capture()
         self.progress.start_phase("measure candidates", len(batch))
@@ -182,6 +182,10 @@ class SearchSession:
         # Keys another worker is measuring are skipped, then waited for once the rest are done:
         # workers on one storage split the work instead of queueing behind each other.
         deferred = self._measure(batch, order, ahead, wait=False)
+        if meanwhile is not None:
+            meanwhile()
+            if deferred:
+                self.progress.start_phase("measure candidates", len(deferred))
         self._measure(batch, deferred, ahead, wait=True)
 
     def _measure(self, batch: dict[str, Candidate], keys: list[str], ahead: Lookahead, wait: bool) -> list[str]:
@@ -223,6 +227,7 @@ class SearchSession:
         """Fixed per-call costs (``partune.search.calibration``), each key measured once by
         whichever worker claims it. ``early``: only the keys nobody holds are taken, and the
         result is not for use; later, without it, every key is read (or waited for)."""
+        self.progress.start_phase("calibrate per-call costs", 2 * len(self.config.primitives))
         return calibrate(self.runner, _CalibrationView(self, early), self.config, Counts(), CANDIDATE_PROTOCOL)
 
     def learn(self) -> None:
@@ -497,4 +502,5 @@ class _CalibrationView:
         if not self.early:  # the pass that reads every key counts them
             s.counts.measured += key in s.calibrated
             s.counts.reused += key not in s.calibrated
+        s.progress.advance(f"{label}: " + ("another worker's" if m is None else "measured" if took else "stored"))
         return (m if m is not None else _HELD), took
