@@ -103,6 +103,90 @@ class _WholeInputPool(relax.PyExprMutator):
         return reduce(call.args[0], axis=[2, 3], keepdims=True)
 
 
+_MOVES = frozenset({"relax.expand_dims", "relax.broadcast_to", "relax.reshape", "relax.permute_dims",
+                    "relax.squeeze"})
+
+
+def _op_name(expr: relax.Expr) -> str | None:
+    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else None
+
+
+@relax.expr_functor.mutator
+class _ExactIdioms(relax.PyExprMutator):
+    """Spell three import idioms so that every backend can take them, each rewrite exact.
+
+    The ONNX import leaves int64 and float-to-bool steps that OpenVINO's CPU plugin cannot
+    compute exactly, so it refuses them and the model splits around them (a border each,
+    about 17 us measured, at every layer that reads the attention mask):
+
+    * ``astype(moves(x))`` with ``x`` int64 (an attention mask expanded, then cast to
+      float): the cast comes first, ``moves(astype(x))``; a cast commutes with expand,
+      broadcast, reshape, permute and squeeze, and the int64 moves are gone.
+    * ``astype(x, "bool")`` of a float: ``not (x == 0)``, the same for every value (NaN == 0
+      is false everywhere, so NaN is true, as bool(NaN) is; -0.0 == 0, so -0.0 is false).
+      Not ``x != 0``: TVM compiles that as an ordered compare, false for NaN.
+    * ``take(T, where(i < 0, i + n, i), axis)`` with ``n`` the axis' length (how the import
+      spells ONNX Gather's negative indices): ``take(T, i, axis, mode="wrap")``, the same
+      for every index the original defines (``[-n, n)``).
+    """
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        name = _op_name(call)
+        if name == "relax.astype":
+            return self._cast(call)
+        if name == "relax.take":
+            return self._take(call)
+        return call
+
+    def _bound(self, expr: relax.Expr) -> relax.Expr:
+        return self.lookup_binding(expr) if isinstance(expr, relax.Var) and self.lookup_binding(expr) is not None else expr
+
+    def _cast(self, call: relax.Call) -> relax.Expr:
+        dtype, src = str(call.attrs.dtype), call.args[0]
+        src_dtype = str(src.ty.dtype) if isinstance(src.ty, relax.TensorType) else ""
+        if dtype == "bool" and src_dtype.startswith("float"):
+            is_zero = self.builder_.emit(relax.op.equal(src, relax.const(0.0, src_dtype)))
+            return relax.op.logical_not(is_zero)
+        chain, x = [], src
+        while _op_name(self._bound(x)) in _MOVES:
+            chain.append(self._bound(x))
+            x = chain[-1].args[0]
+        if not chain or not isinstance(x.ty, relax.TensorType) or str(x.ty.dtype) != "int64":
+            return call
+        out = self.builder_.emit(relax.op.astype(x, dtype))
+        for move in reversed(chain):
+            out = self.builder_.emit(relax.Call(move.op, [out, *move.args[1:]], move.attrs))
+        return out
+
+    def _take(self, call: relax.Call) -> relax.Expr:
+        table, idx = call.args
+        where = self._bound(idx)
+        if str(call.attrs.mode) != "fast" or _op_name(where) != "relax.where" or call.attrs.axis is None:
+            return call
+        cond, wrapped, i = (self._bound(a) if k < 2 else a for k, a in enumerate(where.args))
+        try:
+            n = int(table.ty.shape.values[int(call.attrs.axis)])
+        except (TypeError, AttributeError, IndexError):
+            return call
+        if (_op_name(cond) != "relax.less" or _op_name(wrapped) != "relax.add"
+                or not _is(cond.args[0], i) or not _is(wrapped.args[0], i)
+                or _scalar(cond.args[1]) != 0 or _scalar(wrapped.args[1]) != n):
+            return call
+        return relax.op.take(table, i, axis=int(call.attrs.axis), mode="wrap")
+
+
+def _is(a: relax.Expr, b: relax.Expr) -> bool:
+    return a.same_as(b)
+
+
+def _scalar(expr: relax.Expr) -> float | None:
+    """The value of a scalar constant, else None."""
+    if isinstance(expr, tvm.ir.GenericConst) and (value := expr.value.numpy()).size == 1:
+        return float(value.reshape(()))
+    return None
+
+
 DEVICE_TYPES = {1: "cpu", 2: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 10: "rocm"}
 
 
@@ -137,12 +221,13 @@ def _strip_hints(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, SEScope]]:
 
 def normalise(mod: tvm.IRModule) -> tvm.IRModule:
     """Make an imported module buildable and uniform: bool cumsum fixed, whole-input pools made
-    reductions, constants folded, no dead code."""
+    reductions, import idioms spelt so every backend takes them, constants folded, no dead code."""
     mod = mod.clone() if hasattr(mod, "clone") else mod
     mod["main"] = _BoolCumsumFix().visit_expr(mod["main"])
     mod["main"] = _WholeInputPool().visit_expr(mod["main"])
     # Work that depends on no input (masks built from constants) is done once, here.
     mod = relax.transform.FoldConstant()(mod)
+    mod["main"] = _ExactIdioms().visit_expr(mod["main"])  # (after folding: it reads constants)
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
     return mod
 

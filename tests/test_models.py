@@ -126,3 +126,51 @@ def test_pool_window_over_the_whole_input_is_a_reduction(tmp_path):
     assert _tvm_error(model) < 1e-5
     for backend in ("onnxruntime", "openvino"):
         assert accepted_nodes(model.mod["main"], backend) == set(range(len(model.graph)))
+
+
+def test_import_idioms_are_spelt_so_openvino_takes_the_whole_model(tmp_path):
+    """How ONNX Gather's negative indices, an int64 attention mask expanded before its cast and
+    a float cast to bool are imported made OpenVINO refuse them (it narrows int64 to int32 and
+    makes NaN false), splitting every text model around them. Respelt, exactly: the outputs
+    match onnxruntime on the file, for negative ids, NaN and -0.0 too."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from partune.search.candidates import accepted_nodes
+
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((10, 4)).astype("float32")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0),  # 1 x 3 x 4
+             helper.make_node("Unsqueeze", ["mask", "ax1"], ["m1"]),  # 1 x 1 x 3
+             helper.make_node("Expand", ["m1", "shape"], ["m2"]),  # 1 x 4 x 3
+             helper.make_node("Cast", ["m2"], ["mf"], to=TensorProto.FLOAT),
+             helper.make_node("Transpose", ["mf"], ["mt"], perm=[0, 2, 1]),  # 1 x 3 x 4
+             helper.make_node("Sub", ["one", "mt"], ["inv"]),
+             helper.make_node("Mul", ["inv", "x"], ["z"]),  # x carries NaN and -0.0
+             helper.make_node("Cast", ["z"], ["zb"], to=TensorProto.BOOL),
+             helper.make_node("Where", ["zb", "emb", "mt"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "idioms",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3]),
+         helper.make_tensor_value_info("mask", TensorProto.INT64, [1, 3]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4])],
+        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(np.array([1], "int64"), "ax1"),
+         numpy_helper.from_array(np.array([1, 4, 3], "int64"), "shape"),
+         numpy_helper.from_array(np.array(1.0, "float32"), "one")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    onnx.save(proto, str(tmp_path / "idioms.onnx"))
+    model = load(str(tmp_path / "idioms.onnx"))
+    for backend in ("onnxruntime", "openvino"):
+        assert accepted_nodes(model.mod["main"], backend) == set(range(len(model.graph))), backend
+    x = rng.standard_normal((1, 3, 4)).astype("float32")
+    x[0, 0, 0], x[0, 1, 1], x[0, 2, 2] = np.nan, -0.0, 0.0
+    inputs = [np.array([[-1, 3, -10]], "int64"), np.array([[0, 2, 1]], "int64"), x]
+    want = ort.InferenceSession(str(tmp_path / "idioms.onnx")).run(None, dict(zip(["ids", "mask", "x"], inputs,
+                                                                                  strict=True)))[0]
+    for backend in ("tvm", "onnxruntime", "openvino"):
+        config = CompilationConfig.for_cpu([backend])
+        plan = single_backend_plan(model.name, model.graph, config, backend, accepted_nodes(model.mod["main"], backend))
+        np.testing.assert_array_equal(build_plan(plan, model.mod, model.graph)(inputs)[0], want, err_msg=backend)
