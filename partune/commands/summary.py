@@ -30,13 +30,13 @@ def summarise(result, model) -> str:
                      f"partitioned plan, '{plan.notes.get('best_partitioned')}', ran "
                      + (f"{plan.notes['best_partitioned_median_s'] * 1e3:.3f} ms"
                         if plan.notes.get("best_partitioned_median_s") else "n/a") + " (interleaved medians)")
-    lines.append(f"| {'backend':<12} | {'regions':>7} | {'ops':>5} | {'share of time':>13} |")
-    lines.append("|--------------|---------|-------|---------------|")
+    lines.append(f"| {'backend':<14} | {'regions':>7} | {'ops':>5} | {'share of time':>13} |")
+    lines.append("|----------------|---------|-------|---------------|")
     for b, precision in dict.fromkeys((r.backend, r.scope.precision) for r in plan.regions):
         regs = [r for r in plan.regions if r.backend == b and r.scope.precision == precision]
         share = f"{sum(r.cost_s or 0.0 for r in regs) / known:>12.1%}" if known else f"{'-':>13}"
         name = b + (f" {precision}" if precision else "")
-        lines.append(f"| {name:<12} | {len(regs):>7} | {sum(len(r.nodes) for r in regs):>5} | {share} |")
+        lines.append(f"| {name:<14} | {len(regs):>7} | {sum(len(r.nodes) for r in regs):>5} | {share} |")
     best = min(m.cost_s for m in result.end_to_end.values() if m.ok)
     lines.append("")
     lines.append(f"| {'plan':<36} | {'best ms':>9} | {'median ms':>9} | {'x fastest':>9} |")
