@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 "hint) on the model as given (the .onnx file; a torch.onnx.export for zoo models) and "
                 "torch.compile where a torch module exists; 'unavailable': the peer could not read "
                 "the model. An emitted plan named after a peer is the model's own file under that "
-                "library (no partitioned plan beat it). Ratios are medians of interleaved rounds; x best peer > 1 means the "
+                "library (no partitioned plan beat it). Ratios are medians over interleaved rounds of each round's fastest repeat; x best peer > 1 means the "
                 "plan is faster. DP est. error: the DP's estimate against its plan measured end to end.\n\n"
                 + text + "\n")
     return 0
