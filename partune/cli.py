@@ -118,11 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MetaSchedule trials per tuned region (default 32)")
     t.add_argument("--cost-model", metavar="FILE|auto",
                    help="an XGBoost cost model (see `partune costmodel eval --save`), or 'auto' for the "
-                        "one kept beside the storage: measure only the candidate it ranks cheapest at "
-                        "each DP frontier plus 5%% of the rest at random, learn from them, and let the DP "
-                        "use predictions for the rest (it measures any it picks). The model learns this "
-                        "run's measurements and is saved (created if missing: the next model's search "
-                        "starts from everything measured before)")
+                        "one kept beside the storage (PLAN_DB.costmodel.json). Of the candidates not yet "
+                        "stored, only the one it predicts cheapest at each DP frontier (the candidates "
+                        "starting at one node) is measured up front, plus 5%% of all the others drawn at "
+                        "random; the model is refit on them, and the DP prices the rest by prediction, "
+                        "measuring any predicted region it picks before a plan is built on it. The model "
+                        "learns this run's measurements and is saved. Where the file does not exist yet, "
+                        "nothing is left out (every candidate not stored is measured) and the model is "
+                        "created from what this run measured (the next model's search starts from it)")
     t.add_argument("--precision", choices=("f32", "bf16"), default="f32",
                    help="f32: every region computes in f32, as the model does (default). bf16: regions "
                         "may compute in bfloat16 where a backend has a real bf16 path (openvino) and "
