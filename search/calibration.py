@@ -8,6 +8,8 @@ from timing the one-add calibration model, isolated and end to end.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import tvm
 
@@ -18,6 +20,7 @@ from partune.core.plan import Plan, Region
 from partune.core.scopes import CompilationConfig, SEScope
 from partune.runners.builder import calibration_module, overhead_request, plan_request
 from partune.runners.runner import Runner
+from partune.runners.timing import Measurement
 from partune.search.result import Counts
 from partune.store.measurements import MeasurementStore
 
@@ -53,3 +56,27 @@ def calibrate(runner: Runner, store: MeasurementStore, config: CompilationConfig
             else:
                 out[scope] = max((whole[scope] - isolated[scope]) - (whole[native] - isolated[native]), 0.0)
     return out
+
+
+_HELD = Measurement(0.0, 0.0, 0.0, 0, 0, error="held by another worker")
+
+
+class CalibrationView:
+    """The store as ``calibrate`` sees it from a session: keys through the session's
+    ``obtain``, counted in the session's counts (each key once: measured if this session took
+    it, else reused). ``early``: a key another worker holds is skipped, ``_HELD`` standing in."""
+
+    def __init__(self, session: Any, early: bool) -> None:
+        self.session, self.early = session, early
+
+    def obtain(self, key: str, take, label: str = "", deadline: float | None = None,
+               wait: bool = True) -> tuple[Measurement, bool]:
+        s = self.session
+        m, took = s.obtain(key, take, label, wait=not self.early)
+        if took:
+            s.calibrated.add(key)
+        if not self.early:  # the pass that reads every key counts them
+            s.counts.measured += key in s.calibrated
+            s.counts.reused += key not in s.calibrated
+        s.progress.advance(f"{label}: " + ("another worker's" if m is None else "measured" if took else "stored"))
+        return (m if m is not None else _HELD), took

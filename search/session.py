@@ -36,7 +36,7 @@ from partune.runners.builder import plan_request, region_request
 from partune.runners.peers import DEFAULT_PEERS
 from partune.runners.runner import Runner
 from partune.runners.timing import Measurement
-from partune.search.calibration import calibrate
+from partune.search.calibration import CalibrationView, calibrate
 from partune.search.candidates import Candidate, accepted_nodes, backend_plan, enumerate_candidates
 from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from partune.search.precision import budgeted, overran, repair
@@ -228,7 +228,7 @@ class SearchSession:
         whichever worker claims it. ``early``: only the keys nobody holds are taken, and the
         result is not for use; later, without it, every key is read (or waited for)."""
         self.progress.start_phase("calibrate per-call costs", 2 * len(self.config.primitives))
-        return calibrate(self.runner, _CalibrationView(self, early), self.config, Counts(), CANDIDATE_PROTOCOL)
+        return calibrate(self.runner, CalibrationView(self, early), self.config, Counts(), CANDIDATE_PROTOCOL)
 
     def learn(self) -> None:
         """Refit the cost model on everything measured of this model (from the model it
@@ -480,27 +480,3 @@ class SearchSession:
             if (len(picked) < FINALISTS or label in mirrors or label == f32) and key not in picked:
                 picked[key] = label
         return {label: result.plans[label] for label in picked.values()}
-
-
-_HELD = Measurement(0.0, 0.0, 0.0, 0, 0, error="held by another worker")
-
-
-class _CalibrationView:
-    """The store as ``calibrate`` sees it from a session: keys through the session's
-    ``obtain``, counted in the session's counts (each key once: measured if this session took
-    it, else reused). ``early``: a key another worker holds is skipped, ``_HELD`` standing in."""
-
-    def __init__(self, session: SearchSession, early: bool) -> None:
-        self.session, self.early = session, early
-
-    def obtain(self, key: str, take, label: str = "", deadline: float | None = None,
-               wait: bool = True) -> tuple[Measurement, bool]:
-        s = self.session
-        m, took = s.obtain(key, take, label, wait=not self.early)
-        if took:
-            s.calibrated.add(key)
-        if not self.early:  # the pass that reads every key counts them
-            s.counts.measured += key in s.calibrated
-            s.counts.reused += key not in s.calibrated
-        s.progress.advance(f"{label}: " + ("another worker's" if m is None else "measured" if took else "stored"))
-        return (m if m is not None else _HELD), took
