@@ -221,7 +221,7 @@ def test_bf16_where_it_cannot_be_is_one_line_and_exit_2(tmp_path, capsys, monkey
     assert main([*common, "--backends", "tvm,onnxruntime"]) == 2  # refused before the model is read
     err = capsys.readouterr().err.strip()
     if registry.cpu_has_bf16():
-        assert len(err.splitlines()) == 1 and err.endswith("has a bf16 path (add openvino to --backends)"), err
+        assert len(err.splitlines()) == 1 and err.endswith("has a bf16 path (add torch or openvino to --backends)"), err
     monkeypatch.setattr(registry, "cpu_has_bf16", lambda: False)
     assert main([*common, "--backends", "tvm,openvino"]) == 2
     err = capsys.readouterr().err.strip()
