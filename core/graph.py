@@ -15,7 +15,7 @@ from functools import cached_property
 import tvm
 from tvm import relax
 
-from partune.core.keys import GRAPH_DIGITS, digest
+from partune.core.keys import GRAPH_DIGITS, digest, node_key_parts
 from partune.core.tensors import tensor_types
 
 
@@ -210,6 +210,55 @@ class DataflowGraph:
                 mask |= down[c]
             down[i] = mask
         return tuple(down)
+
+    @cached_property
+    def consumer_masks(self) -> tuple[int, ...]:
+        """Per node, a bitmask of its consumers (sub-graph tests as mask operations)."""
+        out = [0] * len(self.nodes)
+        for n in self.nodes:
+            for i in n.inputs:
+                out[i] |= 1 << n.index
+        return tuple(out)
+
+    @cached_property
+    def input_masks(self) -> tuple[int, ...]:
+        """Per node, a bitmask of its producer nodes."""
+        out = []
+        for n in self.nodes:
+            mask = 0
+            for i in n.inputs:
+                mask |= 1 << i
+            out.append(mask)
+        return tuple(out)
+
+    @cached_property
+    def output_mask(self) -> int:
+        """The nodes whose values main returns, as a bitmask."""
+        mask = 0
+        for i in self.outputs:
+            mask |= 1 << i
+        return mask
+
+    @cached_property
+    def ancestors(self) -> tuple[int, ...]:
+        """Per node, a bitmask of the nodes it is reachable from (itself included)."""
+        up = [0] * len(self.nodes)
+        for n in self.nodes:  # topological order: producers first
+            mask = 1 << n.index
+            for p in n.inputs:
+                mask |= up[p]
+            up[n.index] = mask
+        return tuple(up)
+
+    @cached_property
+    def key_parts(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Per node, the JSON text its entry in a region key is made of (``keys.node_key_parts``)."""
+        return node_key_parts(self)
+
+    @cached_property
+    def region_key_memo(self) -> dict[tuple[int, ...], str]:
+        """Region keys computed on this graph, by node tuple (``keys.region_key`` fills it)."""
+        return {}
 
     @cached_property
     def fingerprint(self) -> str:

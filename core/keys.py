@@ -30,16 +30,37 @@ def region_key(graph: DataflowGraph, nodes: tuple[int, ...]) -> str:
 
     Weights' values and node numbers do not enter it, so the same layer repeated in a
     model, or in another model, is measured once.
+
+    The digest is of ``json.dumps`` of one ``(op, attrs, shapes, dtypes, args, ins, exit)``
+    entry per node (``ins``: ``i<position>`` for an input inside the region, ``x<shapes><dtypes>``
+    for one outside). Each node's JSON text, all but ``ins`` and ``exit``, is made once per
+    graph (``DataflowGraph.key_parts``) and each region's key once per graph (memoised), so
+    thousands of candidates over repeated layers cost a few string joins each.
     """
+    memo = graph.region_key_memo
+    nodes = tuple(nodes)
+    if (key := memo.get(nodes)) is not None:
+        return key
+    head, outside = graph.key_parts
     pos = {n: i for i, n in enumerate(nodes)}
+    consumers, outputs = graph.consumers, set(graph.outputs)
     doc = []
     for n in nodes:
-        node = graph.nodes[n]
-        ins = [f"i{pos[p]}" if p in pos else f"x{graph.nodes[p].shapes}{graph.nodes[p].dtypes}"
-               for p in node.inputs]
-        exit_ = any(c not in pos for c in graph.consumers[n]) or n in graph.outputs
-        doc.append((node.op, node.attrs, node.shapes, node.dtypes, node.args, ins, exit_))
-    return digest(doc, KEY_DIGITS)
+        ins = ", ".join(f'"i{pos[p]}"' if p in pos else outside[p] for p in graph.nodes[n].inputs)
+        exit_ = n in outputs or any(c not in pos for c in consumers[n])
+        doc.append(f"{head[n]}, [{ins}], {'true' if exit_ else 'false'}]")
+    key = hashlib.sha256(("[" + ", ".join(doc) + "]").encode()).hexdigest()[:KEY_DIGITS]
+    memo[nodes] = key
+    return key
+
+
+def node_key_parts(graph: DataflowGraph) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Per node, the JSON text ``region_key`` digests: the entry's opening up to its ``args``
+    (``[op, attrs, shapes, dtypes, args``), and the node as an input from outside the region."""
+    head = tuple(json.dumps([n.op, n.attrs, n.shapes, n.dtypes, n.args], default=str)[:-1]
+                 for n in graph.nodes)
+    outside = tuple(json.dumps(f"x{n.shapes}{n.dtypes}") for n in graph.nodes)
+    return head, outside
 
 
 def candidate_key(graph: DataflowGraph, nodes: tuple[int, ...], scope: SEScope) -> str:

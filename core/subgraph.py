@@ -48,7 +48,7 @@ class SubGraph:
         return tuple(bits(self.mask))
 
     def __len__(self) -> int:
-        return len(self.nodes)
+        return self.mask.bit_count()
 
     def __contains__(self, node: int) -> bool:
         return bool(self.mask >> node & 1)
@@ -56,32 +56,48 @@ class SubGraph:
     @cached_property
     def inputs(self) -> tuple[int, ...]:
         """Producer nodes outside the sub-graph that feed it."""
-        g = self.graph
-        return tuple(sorted({p for n in self.nodes for p in g.nodes[n].inputs if p not in self}))
+        masks = self.graph.input_masks
+        feed = 0
+        for n in self.nodes:
+            feed |= masks[n]
+        return tuple(bits(feed & ~self.mask))
 
     @cached_property
     def entries(self) -> tuple[int, ...]:
         """Nodes reading something from outside (or nothing at all)."""
-        g = self.graph
-        return tuple(n for n in self.nodes
-                     if not g.nodes[n].inputs or any(p not in self for p in g.nodes[n].inputs))
+        masks, outside = self.graph.input_masks, ~self.mask
+        return tuple(n for n in self.nodes if not masks[n] or masks[n] & outside)
 
     @cached_property
     def exits(self) -> tuple[int, ...]:
         """Nodes whose value is read outside, or returned by main."""
         g = self.graph
-        outs = set(g.outputs)
-        return tuple(n for n in self.nodes
-                     if n in outs or any(c not in self for c in g.consumers[n]))
+        masks, outside, outs = g.consumer_masks, ~self.mask, g.output_mask
+        return tuple(n for n in self.nodes if outs >> n & 1 or masks[n] & outside)
+
+    @cached_property
+    def consumers_mask(self) -> int:
+        """Every node that reads a value of the sub-graph (inside it or not), as a bitmask."""
+        masks = self.graph.consumer_masks
+        out = 0
+        for n in self.nodes:
+            out |= masks[n]
+        return out
 
     @cached_property
     def depth(self) -> int:
         """Nodes on the longest path inside the sub-graph."""
-        g = self.graph
+        nodes, mask = self.graph.nodes, self.mask
         longest: dict[int, int] = {}
+        deepest = 0
         for n in self.nodes:  # topological order
-            longest[n] = 1 + max((longest[p] for p in g.nodes[n].inputs if p in self), default=0)
-        return max(longest.values(), default=0)
+            d = 0
+            for p in nodes[n].inputs:
+                if mask >> p & 1 and longest[p] > d:
+                    d = longest[p]
+            longest[n] = d + 1
+            deepest = max(deepest, d + 1)
+        return deepest
 
     @cached_property
     def kind(self) -> OpKind:
@@ -92,22 +108,32 @@ class SubGraph:
 
     @cached_property
     def is_convex(self) -> bool:
-        """No path from the sub-graph through an outside node back into it."""
-        reach = self.graph.reach
+        """No path from the sub-graph through an outside node back into it.
+
+        An outside node on such a path is both below an exit and above an entry: the test is
+        one intersection of two masks, O(size of the sub-graph), not a walk of the graph below it.
+        """
+        g = self.graph
+        reach, up = g.reach, g.ancestors
         below = 0
         for n in self.exits:
             below |= reach[n]
         below &= ~self.mask
-        return all(not (reach[o] & self.mask) for o in bits(below))
+        if not below:
+            return True
+        above = 0
+        for n in self.entries:
+            above |= up[n]
+        return not (below & above & ~self.mask)
 
     def is_valid(self, max_exits: int | None = None, max_depth: int | None = None) -> bool:
-        return (self.is_convex and (max_exits is None or len(self.exits) <= max_exits)
+        # The cheap tests first; all three must hold, so the order changes no answer.
+        return ((max_exits is None or len(self.exits) <= max_exits) and self.is_convex
                 and (max_depth is None or self.depth <= max_depth))
 
     def touches(self, other: SubGraph) -> bool:
         """Whether an edge runs from this sub-graph into ``other``."""
-        g = self.graph
-        return any(c in other for n in self.nodes for c in g.consumers[n])
+        return bool(self.consumers_mask & other.mask)
 
     def union(self, other: SubGraph) -> SubGraph:
         return SubGraph(self.mask | other.mask, self.graph)

@@ -805,6 +805,74 @@ def _bloom() -> tuple[nn.Module, tuple]:
     return _finish(_DecoderHidden(BloomModel(cfg)), (_tokens(BLOOM_SEQ, cfg.vocab_size),))
 
 
+# --------------------------------------------------------------------------- scaling subjects
+#
+# Models whose size grows by repeating one structure, for the search's cost against model size
+# (``bench_scale.py``): a BERT-base-width encoder at 2, 6, 12 and 24 layers, and a full-size
+# ResNet-50. They are not benchmark architectures (not in names()); reach them through get().
+
+SCALE_SEQ = 128
+SCALE_LAYERS = (2, 6, 12, 24)
+
+
+def _bert_layers(layers: int) -> Callable[[], tuple[nn.Module, tuple]]:
+    """A BERT-base-style encoder (width 768, 12 heads, FFN 3072, seq 128) with ``layers`` layers."""
+
+    def build() -> tuple[nn.Module, tuple]:
+        from transformers import BertConfig, BertModel
+
+        torch.manual_seed(SEED)
+        cfg = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=layers,
+                         num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512,
+                         attn_implementation="eager")
+        ids = _tokens(SCALE_SEQ, cfg.vocab_size)
+        return _finish(_EncoderHidden(BertModel(cfg, add_pooling_layer=False)), (ids, torch.ones_like(ids)))
+
+    return build
+
+
+class Bottleneck(nn.Module):
+    """torchvision ResNet's Bottleneck (v1.5: the stride on the 3x3): 1x1 -> 3x3 -> 1x1 (x4)
+    conv-BN, 1x1 conv-BN shortcut when the shape changes, ReLU after the sum."""
+
+    def __init__(self, cin: int, width: int, stride: int = 1) -> None:
+        super().__init__()
+        cout = width * 4
+        self.body = nn.Sequential(_conv_bn(cin, width, 1), _conv_bn(width, width, 3, stride),
+                                  _conv_bn(width, cout, 1, act=None))
+        self.downsample = (_conv_bn(cin, cout, 1, stride, act=None)
+                           if stride != 1 or cin != cout else nn.Identity())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.relu(self.body(x) + self.downsample(x))
+
+
+class ResNet50(nn.Module):
+    """torchvision's resnet50 at 224 px: 7x7/2 stem, 3x3/2 max pool, bottleneck stages
+    3/4/6/3 at widths 64/128/256/512, global average pool, linear to 1000 classes."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1))
+        blocks, cin = [], 64
+        for i, (width, depth) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+            for j in range(depth):
+                blocks.append(Bottleneck(cin, width, 2 if i > 0 and j == 0 else 1))
+                cin = width * 4
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.adaptive_avg_pool2d(self.blocks(self.stem(x)), (1, 1))
+        return self.fc(torch.flatten(x, 1))
+
+
+def _resnet50() -> tuple[nn.Module, tuple]:
+    torch.manual_seed(SEED)
+    return _finish(_unit_linears(ResNet50()), _image())
+
+
 # --------------------------------------------------------------------------- registry
 
 _CNN_IO = dict(input_names=("pixel_values",), output_names=("logits",),
@@ -883,14 +951,28 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
                  dynamic={"input_ids": _SEQ, "last_hidden_state": _SEQ}),
 ]}
 
+# The scaling subjects (``bench_scale.py``): search cost against model size, not benchmarks.
+_BERT_IO = dict(input_names=("input_ids", "attention_mask"), output_names=("last_hidden_state",),
+                dynamic={"input_ids": _SEQ, "attention_mask": _SEQ, "last_hidden_state": _SEQ})
+SCALING: dict[str, Architecture] = {a.name: a for a in [
+    *(Architecture(f"bert_l{n}", "transformer", _bert_layers(n),
+                   f"HF BERT encoder, {n} layers, hidden 768, 12 heads, FFN 3072, seq {SCALE_SEQ}, "
+                   "padding mask, no pooler", **_BERT_IO) for n in SCALE_LAYERS),
+    Architecture("resnet50", "cnn", _resnet50,
+                 "torchvision ResNet-50 (v1.5), 224 px: bottlenecks 3/4/6/3, widths 64-512 (x4)",
+                 **_CNN_IO),
+]}
+ARCHITECTURES.update(SCALING)
+
 # Held out from every tuning decision: only `bench_vs_peers.py --held-out` runs them, reported
 # on their own. Not in names() (the default of this script), reachable by name through get().
 HELD_OUT = ("inception", "detr_encoder", "bloom")
 
 
 def names() -> list[str]:
-    """The benchmark architecture names, in registry order (the held-out set left out)."""
-    return [n for n in ARCHITECTURES if n not in HELD_OUT]
+    """The benchmark architecture names, in registry order (the held-out set and the scaling
+    subjects left out)."""
+    return [n for n in ARCHITECTURES if n not in HELD_OUT and n not in SCALING]
 
 
 def get(name_or_entry: str | Architecture) -> Architecture:

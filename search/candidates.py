@@ -28,6 +28,19 @@ class Candidate:
     scope: SEScope
     rule: str
 
+    def __hash__(self) -> int:
+        # The dataclass's hash, computed once: the search keys several dicts by candidate, and
+        # an SEScope's hash serialises its target each time (thousands of candidates, many rounds).
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            h = hash((self.subgraph, self.scope, self.rule))
+            object.__setattr__(self, "_hash", h)
+            return h
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}  # str hashes vary by process
+
     @property
     def backend(self) -> str:
         assert self.scope.backend is not None
@@ -76,13 +89,18 @@ def enumerate_candidates(mod: tvm.IRModule, graph: DataflowGraph, config: Compil
     func = mod["main"]
     pins = pins or {}
     match = _matcher(func)
-    out: dict[tuple[int, SEScope], Candidate] = {}
+    out: dict[tuple[int, int], Candidate] = {}  # (node set, scope number) -> its first candidate
+    number: dict[SEScope, int] = {}  # equal scopes share a number (a scope's hash is not cheap)
+    proposed: dict[str, list] = {}  # a backend's proposals, shared by its scopes (f32, bf16)
     for scope in config.primitives:
-        backend = registry.get(scope.backend)
-        ok = accepted_nodes(func, scope.backend)
-        rule = rule_for_style(backend.fusion_style.value, backend.patterns())
-        for prop in rule.propose(RuleContext(graph, ok.__contains__, match)):
+        at = number.setdefault(scope, len(number))
+        if scope.backend not in proposed:
+            backend = registry.get(scope.backend)
+            ok = accepted_nodes(func, scope.backend)
+            rule = rule_for_style(backend.fusion_style.value, backend.patterns())
+            proposed[scope.backend] = rule.propose(RuleContext(graph, ok.__contains__, match))
+        for prop in proposed[scope.backend]:
             if all(scope.compatible(pins[n]) for n in prop.subgraph.nodes if n in pins):
-                out.setdefault((prop.subgraph.mask, scope), Candidate(prop.subgraph, scope, prop.rule))
+                out.setdefault((prop.subgraph.mask, at), Candidate(prop.subgraph, scope, prop.rule))
     return sorted(out.values(), key=lambda c: (c.subgraph.nodes[0], len(c.subgraph), c.backend))
 

@@ -45,14 +45,31 @@ class NoCoverError(RuntimeError):
     """No combination of (finite-cost) candidates covers the graph."""
 
 
+def cheapest_per_node_set(candidates: Sequence[Candidate], cost: Callable[[Candidate], float]
+                          ) -> list[tuple[Candidate, float]]:
+    """Per node set, the candidate of finite cost the DP could pick, in ``candidates``' order.
+
+    Candidates covering the same nodes (one per scope) lead to the same DP states, and only the
+    cheapest can be on a cheapest path: the first of the cheapest, since the DP replaces a
+    state's path only by a strictly cheaper one. The others are left out before the DP: on
+    a model of many layers and four backends, most of its candidates. What the DP returns,
+    down to its tie-breaks and ``states``, is what it returns with all of them.
+    """
+    best: dict[int, tuple[int, Candidate, float]] = {}
+    for i, c in enumerate(candidates):
+        cs = cost(c)
+        if cs != float("inf") and ((held := best.get(c.subgraph.mask)) is None or cs < held[2]):
+            best[c.subgraph.mask] = (i, c, cs)
+    return [(c, cs) for _, c, cs in sorted(best.values(), key=lambda t: t[0])]
+
+
 def cheapest_cover(graph: DataflowGraph, candidates: Sequence[Candidate],
                    cost: Callable[[Candidate], float]) -> Cover:
     full = (1 << len(graph)) - 1
     by_first: dict[int, list[tuple[Candidate, float, int]]] = {}
-    for c in candidates:
-        cs = cost(c)
-        if cs != float("inf"):  # all nodes below u are covered: only c's first node can be u
-            by_first.setdefault(c.subgraph.nodes[0], []).append((c, cs, input_mask(c)))
+    for c, cs in cheapest_per_node_set(candidates, cost):
+        # all nodes below u are covered: only c's first node can be u
+        by_first.setdefault(c.subgraph.nodes[0], []).append((c, cs, input_mask(c)))
     tie = itertools.count()
     best: dict[int, float] = {0: 0.0}
     back: dict[int, tuple[int, Candidate]] = {}

@@ -22,7 +22,11 @@ def features(graph: DataflowGraph, cands: list[Candidate]) -> np.ndarray:
     """The cost model's input, one row per candidate."""
     from partune.cost_models.features import featurize
 
-    return np.stack([featurize(graph, c.subgraph.nodes, c.backend) for c in cands])
+    rows: dict[tuple[int, str], np.ndarray] = {}  # one row per node set and backend (scopes share it)
+    for c in cands:
+        if (c.subgraph.mask, c.backend) not in rows:
+            rows[c.subgraph.mask, c.backend] = featurize(graph, c.subgraph.nodes, c.backend)
+    return np.stack([rows[c.subgraph.mask, c.backend] for c in cands])
 
 
 def prune(cands: list[Candidate], x: np.ndarray, todo: dict[str, Candidate], cost_model

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import tvm
@@ -104,13 +105,16 @@ class SearchSession:
         self.tuned: dict[str, str] = {}  # an autotuned candidate's key -> the key of its tuned measurement
         self.label_of: dict[str, str] = {}  # plan key -> the first label the plan was offered under
         self.features = {c: region_features(self.graph, c.subgraph.nodes) for c in self.cands}
-        self.module_json = tvm.ir.save_json(self.mod)
         self.equations: dict[str, Equation] = {}  # plan label -> its border-cost equation
         self.calibrated: set[str] = set()  # calibration keys this session measured
 
     @property
     def counts(self) -> Counts:
         return self.result.counts
+
+    @cached_property
+    def module_json(self) -> str:  # made when first sent: a search whose plans are all stored skips it
+        return tvm.ir.save_json(self.mod)
 
     def run(self) -> TuneResult:
         from partune.search.autotune import autotune
