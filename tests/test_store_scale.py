@@ -9,6 +9,7 @@ writes them (``experiments/bench_store.py`` does the same at 10^6).
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime
 
 import optuna
@@ -218,6 +219,9 @@ def test_a_role_that_may_not_add_the_index_still_opens_the_store_postgres(postgr
     engine.dispose()
     worker_url = postgres_url.replace("://postgres@", "://partune_worker@")
     assert worker_url != postgres_url
+    # MetaSchedule, run by earlier tests in this process, may configure logging with
+    # dictConfig, which disables every logger that exists then (this one included).
+    logging.getLogger("partune.store").disabled = False
     store = MeasurementStore(worker_url, "dev")
     assert "no index on the stored keys" in caplog.text
     assert store.get("k") == ok(1) and store.obtain("new", lambda: ok(2)) == (ok(2), True)
