@@ -130,7 +130,8 @@ def _search_notes(s: SearchSession, best: str, ok: dict[str, Measurement]) -> di
              "end_to_end_s": {k: v.cost_s for k, v in ok.items()},
              "verdict_median_s": {k: v.median_s for k, v in verdict.items() if v.ok},
              "peers": list(result.verdict.peers),
-             **({"rel_errors": errors} if (errors := {k: m.rel_error for k, m in {**ok, **verdict}.items()
+             # (a plan's error is in its end-to-end measurement, a peer's in the verdict's)
+             **({"rel_errors": errors} if (errors := {k: m.rel_error for k, m in [*verdict.items(), *ok.items()]
                                                       if m.rel_error is not None}) else {}),
              "peers_unavailable": {k: clean_error(v.error or "") for k, v in verdict.items()
                                    if k in result.verdict.peers and not v.ok}}

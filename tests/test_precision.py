@@ -184,6 +184,7 @@ def test_the_search_never_emits_a_plan_over_budget(tolerance):
     else:
         assert bf16_only.ok
         assert plan.notes.get("rel_error", 0.0) <= tolerance
+        assert plan.notes["rel_errors"]["openvino-only (bf16)"] == bf16_only.rel_error  # kept for the tables
     assert "partune dp (f32)" in result.end_to_end  # the f32 plan always competes
     # OpenVINO in bf16 is a peer too, with its error; over the budget, it is no bar to beat.
     verdict = result.verdict
