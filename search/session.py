@@ -450,6 +450,8 @@ class SearchSession:
         until = time.monotonic() + getattr(claims, "ttl_s", 0.0)
         while (time.monotonic() < until and (holder := claims.holder(key)) not in (None, claims.owner)
                and alive(holder) and not claims.is_done(key)):
+            if not waited:
+                self.progress.start_phase("plans vs peers, interleaved by another worker: waiting", 1)
             time.sleep(pause)
             pause, waited = min(2 * pause, POLL_S), True
         if waited:

@@ -85,6 +85,9 @@ def test_sigkill_then_resume_remeasures_nothing(tmp_path, chain_file):
     again = subprocess.run(_tune_cmd(chain_file, url, out), cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0
     assert "measurements made 0 (0 failed)" in again.stdout
+    phases = dict(re.findall(r"(?:: |; )([^;]+?) (\d+\.\d) s", next(
+        ln for ln in again.stdout.splitlines() if ln.startswith("time by phase: "))))
+    assert "start-up (imports, model, store)" in phases and "measure candidates" in " ".join(phases)
     assert out.read_text() == plan1
 
 

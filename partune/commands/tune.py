@@ -25,11 +25,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     """A tuning job: read what to search, run the search (with helpers and a build pool), write the plan."""
     import time
 
+    started = time.monotonic()
     from partune.search.tune import Progress, tune
 
     job = _prepare(args)
     helpers = _start_workers(args) if args.workers > 1 else []
-    bars = _Bars() if not args.worker else None
+    bars = _Bars(started) if not args.worker else None
     pool, measure_cpus = _build_pool(args, job.measure_timeout)
     runner = make_runner(args.runner, job.measure_timeout, args.threads, measure_cpus)
     try:
@@ -54,6 +55,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             shutil.rmtree(pool.cache_dir, ignore_errors=True)
             if pool.stats["queued"]:
                 notes.append(pool.summary())
+    if bars:
+        notes.append(bars.timeline())
     from partune.search.result import MemoryPeaks
 
     result.memory = MemoryPeaks.of(runner, pool)  # the workers' peaks, kept past their close
@@ -263,14 +266,19 @@ def _save_front(result, output: str) -> list[str]:
 
 
 class _Bars:
-    """tqdm progress bars, one per phase of the search."""
+    """tqdm progress bars, one per phase of the search, and the wall time each phase took."""
 
-    def __init__(self) -> None:
+    def __init__(self, started: float) -> None:
+        """``started``: when the command began (``time.monotonic``): start-up is timed from it."""
         self.bar = None
+        self.spent: dict[str, float] = {}  # phase -> seconds, a phase started again adding up
+        self.phase: str | None = "start-up (imports, model, store)"
+        self.since = started
 
     def start_phase(self, name: str, total: int) -> None:
         from tqdm import tqdm
 
+        self._clock(name)
         if self.bar is not None:
             self.bar.close()
         self.bar = tqdm(total=total, desc=name, unit="run", file=sys.stderr, dynamic_ncols=True)
@@ -283,6 +291,19 @@ class _Bars:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        self._clock(None)
+
+    def _clock(self, phase: str | None) -> None:
+        import time
+
+        now = time.monotonic()
+        if self.phase is not None:
+            self.spent[self.phase] = self.spent.get(self.phase, 0.0) + now - self.since
+        self.phase, self.since = phase, now
+
+    def timeline(self) -> str:
+        """Where this job's wall time went, one entry per phase, in the order first started."""
+        return "time by phase: " + "; ".join(f"{name} {s:.1f} s" for name, s in self.spent.items())
 
 
 def _load_cost_model(path: str | None):
