@@ -104,6 +104,7 @@ class OnnxGraphBackend(Backend):
     fusion_style = FusionStyle.ARBITRARY
     device_types = ("cpu",)
     caches_builds = True
+    threads_per_region = True  # a session (compiled model) per region, with its own thread count
 
     def __init__(self, opset: int = MIN_OPSET) -> None:
         if opset < MIN_OPSET:
@@ -115,6 +116,7 @@ class OnnxGraphBackend(Backend):
         (nothing is translated then), or store what is compiled (build workers)."""
         if scope.device_type not in (None, *self.device_types):
             raise BackendError(f"{self.name} backend runs on cpu, not {scope.device_type}")
+        threads = scope.threads or threads  # a scope on fewer threads than the job's
         entry = build_cache.current()
         if entry is not None:
             entry.refine(self.name, self.library_version(), self.opset)

@@ -53,6 +53,11 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def threads_per_region_names(backends: list[str]) -> tuple[str, ...]:
+    """Those of ``backends`` whose regions may run on fewer threads than the job's."""
+    return tuple(b for b in backends if get(b).threads_per_region)
+
+
 def bf16_names(backends: list[str]) -> tuple[str, ...]:
     """Those of ``backends`` with a real bf16 path on this CPU (none where it has no bf16)."""
     return tuple(b for b in backends if get(b).bf16) if cpu_has_bf16() else ()

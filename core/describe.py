@@ -42,8 +42,20 @@ def op_summary(graph: DataflowGraph, nodes: Iterable[int], limit: int | None = N
 
 
 def scope_name(scope: SEScope) -> str:
-    """A scope as people name it: its backend, and its precision when not f32 ("openvino bf16")."""
-    return (scope.backend or str(scope)) + (f" {scope.precision}" if scope.precision else "")
+    """A scope as people name it: its backend, its precision when not f32, and its thread
+    count when not the job's ("openvino bf16", "onnxruntime 1 thread")."""
+    return ((scope.backend or str(scope)) + (f" {scope.precision}" if scope.precision else "")
+            + (f" {threads_label(scope.threads)}" if scope.threads else ""))
+
+
+def threads_label(threads: int) -> str:
+    return f"{threads} thread" + ("s" if threads > 1 else "")
+
+
+def variant_label(precision: str, threads: int | None) -> str:
+    """How a plan's name says what differs from f32 on the job's threads: "" or " (bf16, 1 thread)"."""
+    parts = ([precision] if precision != "f32" else []) + ([threads_label(threads)] if threads else [])
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def region_label(graph: DataflowGraph, nodes: Iterable[int], width: int = 40) -> str:

@@ -195,11 +195,12 @@ def model_file_plan(model: str, graph: DataflowGraph, config: CompilationConfig,
 
 
 def single_backend_plan(model: str, graph: DataflowGraph, config: CompilationConfig,
-                        backend: str, accepted: set[int], precision: str = "f32") -> Plan:
-    """All that ``backend`` accepts goes to it (in convex runs, computing in ``precision``),
-    the rest to the default."""
+                        backend: str, accepted: set[int], precision: str = "f32",
+                        threads: int | None = None) -> Plan:
+    """All that ``backend`` accepts goes to it (in convex runs, computing in ``precision``, on
+    ``threads`` threads or the job's), the rest to the default."""
     fallback = config.default
-    scope = config.scope_for(backend, precision)
+    scope = config.scope_for(backend, precision, threads)
     regions = []
     if backend == fallback.backend:
         accepted = set(range(len(graph)))
@@ -209,4 +210,5 @@ def single_backend_plan(model: str, graph: DataflowGraph, config: CompilationCon
         regions.append(Region(run, fallback))
     regions.sort(key=lambda r: r.nodes[0])
     return Plan(model, graph.fingerprint, config, tuple(regions),
-                notes={"kind": f"single-backend {backend}" + ("" if precision == "f32" else f" {precision}")})
+                notes={"kind": f"single-backend {backend}" + ("" if precision == "f32" else f" {precision}")
+                       + (f" {threads}t" if threads else "")})

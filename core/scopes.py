@@ -2,7 +2,8 @@
 
 An SEScope (tvm-rfcs PR 38) says which device type, virtual device, target, memory
 scope and backend run a sub-expression, and here also in which precision it computes
-(``f32`` unless the scope says ``bf16``). "Which compiler" (BYOC) and "which device"
+(``f32`` unless the scope says ``bf16``) and on how many threads (the job's, unless the
+scope says fewer). "Which compiler" (BYOC) and "which device"
 (device planning) are one question, so one value answers both. Every field may be left
 unconstrained (``None``); ``join`` combines two compatible scopes and ``default`` fills
 the gaps of one from another, as in the RFC.
@@ -41,11 +42,16 @@ def _freeze_target(target: dict[str, Any] | None) -> tuple | None:
 @dataclass(frozen=True)
 class SEScope:
     """Storage/execution scope: device type, virtual device id, target, memory scope, backend,
-    and compute precision.
+    compute precision and thread count.
 
     ``precision`` None means f32, the precision the model was given in, and is left out of
     the JSON: every f32 scope, key and plan reads exactly as before precision existed. A
     ``bf16`` scope computes its region in bfloat16 (its inputs and outputs stay f32).
+
+    ``threads`` None means the job's thread count (``--threads``), and is left out of the
+    JSON too. A job on many cores may also offer a library's scope on fewer threads: a small
+    region (or a small model) runs faster on one thread than split over several, where each
+    op pays to wake and join the pool.
     """
 
     device_type: str | None = None
@@ -54,12 +60,15 @@ class SEScope:
     memory_scope: str | None = None
     backend: str | None = None
     precision: str | None = None
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.precision == F32:  # one spelling of f32, so f32 scopes stay equal and keys stay put
             object.__setattr__(self, "precision", None)
         if self.precision is not None and self.precision not in PRECISIONS:
             raise ScopeError(f"unknown precision '{self.precision}' (known: {', '.join(PRECISIONS)})")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ScopeError(f"a scope's thread count must be a positive integer, not {self.threads!r}")
         if self.target is not None:
             kind = self.target.get("kind")
             if kind is None:
@@ -73,7 +82,7 @@ class SEScope:
     # Equality and hashing include the target's contents.
     def _key(self) -> tuple:
         return (self.device_type, self.virtual_device_id, _freeze_target(self.target),
-                self.memory_scope, self.backend, self.precision)
+                self.memory_scope, self.backend, self.precision, self.threads)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SEScope) and self._key() == other._key()
@@ -87,9 +96,15 @@ class SEScope:
         return self.precision or F32
 
     @property
+    def choice(self) -> str:
+        """The scope as a refinement choice names it: ``backend[/bf16][/1t]``."""
+        return "/".join([self.backend or "*", *([self.precision] if self.precision else []),
+                         *([f"{self.threads}t"] if self.threads else [])])
+
+    @property
     def is_fully_constrained(self) -> bool:
-        """Every field set (precision may stay unset: that is f32)."""
-        return all(getattr(self, f.name) is not None for f in fields(self) if f.name != "precision")
+        """Every field set (precision and threads may stay unset: f32, on the job's threads)."""
+        return all(getattr(self, f.name) is not None for f in fields(self) if f.name not in ("precision", "threads"))
 
     def join(self, other: SEScope) -> SEScope | None:
         """The scope satisfying both, or None when a field is constrained differently."""
@@ -134,7 +149,8 @@ class SEScope:
     def __str__(self) -> str:
         tgt = self.target.get("kind") if self.target else "*"
         return (f"{self.backend or '*'}@{self.device_type or '*'}:{self.virtual_device_id if self.virtual_device_id is not None else '*'}"
-                f"/{tgt}/{self.memory_scope or '*'}" + (f"/{self.precision}" if self.precision else ""))
+                f"/{tgt}/{self.memory_scope or '*'}" + (f"/{self.precision}" if self.precision else "")
+                + (f"/{self.threads}t" if self.threads else ""))
 
 
 def cpu_target(threads: int = 1) -> dict[str, Any]:
@@ -157,9 +173,9 @@ class CompilationConfig:
                                  "constrained (device, virtual device, target, memory scope, backend)")
         if self.default not in self.primitives:
             raise ScopeError("the default scope must be one of the primitive scopes")
-        places = [(s.backend, s.virtual_device_id, s.precision) for s in self.primitives]
+        places = [(s.backend, s.virtual_device_id, s.precision, s.threads) for s in self.primitives]
         if len(set(places)) != len(places):
-            raise ScopeError("two primitive scopes share a backend, virtual device and precision")
+            raise ScopeError("two primitive scopes share a backend, virtual device, precision and thread count")
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -169,11 +185,23 @@ class CompilationConfig:
     def precisions(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(s.compute_precision for s in self.primitives))
 
-    def scope_for(self, backend: str, precision: str = F32) -> SEScope:
+    @property
+    def variants(self) -> tuple[tuple[str, int | None], ...]:
+        """The (precision, threads) pairs on offer, f32 on the job's threads first."""
+        return tuple(dict.fromkeys((s.compute_precision, s.threads) for s in self.primitives))
+
+    def scope_for(self, backend: str, precision: str = F32, threads: int | None = None) -> SEScope:
         for s in self.primitives:
-            if s.backend == backend and s.compute_precision == precision:
+            if s.backend == backend and s.compute_precision == precision and s.threads == threads:
                 return s
         raise ScopeError(f"no scope for backend '{backend}' (on offer: {', '.join(self.backends)})")
+
+    def scope_named(self, choice: str) -> SEScope:
+        """The primitive scope whose ``choice`` name this is."""
+        for s in self.primitives:
+            if s.choice == choice:
+                return s
+        raise ScopeError(f"no scope '{choice}' (on offer: {', '.join(s.choice for s in self.primitives)})")
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host.to_json(), "default": self.default.to_json(),
@@ -189,13 +217,16 @@ class CompilationConfig:
 
     @classmethod
     def for_cpu(cls, backends: list[str], threads: int = 1, native: str = "tvm",
-                bf16: tuple[str, ...] = ()) -> CompilationConfig:
-        """One f32 CPU scope per backend, and a bf16 one for each backend in ``bf16``; the
-        native backend's f32 scope is the default and the host."""
+                bf16: tuple[str, ...] = (), one_thread: tuple[str, ...] = ()) -> CompilationConfig:
+        """One f32 CPU scope per backend, a bf16 one for each backend in ``bf16``, and, on
+        more than one thread, a one-thread twin of each scope of the backends in
+        ``one_thread``; the native backend's f32 scope is the default and the host."""
         if native not in backends:
             backends = [native, *backends]
         target = cpu_target(threads)
         prims = tuple(SEScope("cpu", 0, target, "global", b) for b in backends)
         prims += tuple(SEScope("cpu", 0, target, "global", b, BF16) for b in backends if b in bf16)
+        if threads > 1:
+            prims += tuple(replace(s, threads=1) for s in prims if s.backend in one_thread)
         default = next(s for s in prims if s.backend == native)
         return cls(host=default, primitives=prims, default=default)

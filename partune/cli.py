@@ -135,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --precision bf16: the largest relative error (||y - y_f32|| / ||y_f32||, "
                         "worst output) a plan may have against the model in f32, on the model's inputs "
                         "and on a second seeded input set the search never uses (default 0.01)")
+    t.add_argument("--fewer-threads", choices=("on", "off"), default="on",
+                   help="with --threads above 1: on (default) also offers each onnxruntime and openvino "
+                        "region, and each of them whole, on one thread, kept only where that measures "
+                        "faster (small regions and small models often do: every op pays to wake and join "
+                        "a thread pool). off: every region runs on --threads threads")
     t.add_argument("--peers", default="onnxruntime,openvino,torch.compile",
                    help="the tools you would use instead, timed against the finalist plans in one "
                         "process, interleaved: onnxruntime and openvino (f32, latency, same threads) on "

@@ -145,7 +145,7 @@ def load(path: str | Path, threads: int | None = None) -> Deployed:
     for region in manifest["regions"]:
         func = tvm.ir.load_json((path / region["file"]).read_text())["region"]
         scope = SEScope(region["device_type"], region["virtual_device_id"], backend=region["backend"],
-                        precision=region.get("precision"))
+                        precision=region.get("precision"), threads=region.get("threads"))
         kernel = registry.get(region["backend"]).build_region(func, scope, registry.threads())
         tvm.register_global_func(region["symbol"], kernel, override=True)
     lib = tvm.runtime.load_module(str(path / manifest["library"]))

@@ -98,7 +98,7 @@ def _export_regions(model, plan: Plan, out: Path, threads: int) -> Path:
         regions.append({"symbol": symbol, "backend": scope["backend"], "file": name,
                         "device_type": scope.get("device_type") or "cpu",
                         "virtual_device_id": scope.get("virtual_device_id") or 0}
-                       | ({"precision": scope["precision"]} if "precision" in scope else {}))  # bf16 only
+                       | {k: scope[k] for k in ("precision", "threads") if k in scope})  # bf16, fewer threads only
     for backend in plan.backends:
         install_codegen(backend)
     lowered = relax.transform.RunCodegen()(partitioned).without_attr("const_name_to_constant")  # see build_plan

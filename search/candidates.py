@@ -78,9 +78,10 @@ def accepted_nodes(func: relax.Function, backend: str) -> set[int]:
 
 
 def backend_plan(name: str, mod: tvm.IRModule, graph: DataflowGraph, config: CompilationConfig,
-                 backend: str, precision: str = "f32") -> Plan:
+                 backend: str, precision: str = "f32", threads: int | None = None) -> Plan:
     """The single-backend plan: all that ``backend`` accepts goes to it, the rest to the default."""
-    return single_backend_plan(name, graph, config, backend, accepted_nodes(mod["main"], backend), precision)
+    return single_backend_plan(name, graph, config, backend, accepted_nodes(mod["main"], backend), precision,
+                               threads)
 
 
 def enumerate_candidates(mod: tvm.IRModule, graph: DataflowGraph, config: CompilationConfig,
@@ -93,6 +94,11 @@ def enumerate_candidates(mod: tvm.IRModule, graph: DataflowGraph, config: Compil
     number: dict[SEScope, int] = {}  # equal scopes share a number (a scope's hash is not cheap)
     proposed: dict[str, list] = {}  # a backend's proposals, shared by its scopes (f32, bf16)
     for scope in config.primitives:
+        if scope.threads:
+            # A one-thread twin competes whole (single-library plans) and in refinement, not per
+            # candidate: it would double its library's candidates to measure, for a gain found
+            # mostly on small models run whole.
+            continue
         at = number.setdefault(scope, len(number))
         if scope.backend not in proposed:
             backend = registry.get(scope.backend)

@@ -46,19 +46,18 @@ NATIVE_MOVE_MAX_NODES = 4  # larger regions moved to native TVM are slow to buil
 
 def _choices(base: Plan, config: CompilationConfig, accepted: dict[str, set[int]]) -> list[list[str]]:
     """Per region of ``base``: keep, or a scope of a backend that accepts every one of its
-    nodes (named ``backend``, or ``backend/bf16`` for its bf16 scope: a region may also
-    change precision alone).
+    nodes (named by ``SEScope.choice``: ``backend``, ``backend/bf16``, ``backend/1t``; a
+    region may also change precision or thread count alone).
 
     Moving a region to the native backend (untuned TVM) is offered for small regions only:
     glue is where it wins, and each big one costs a long build to learn that it loses.
     """
     native = config.default.backend
-    offered = [(s.backend, s.compute_precision) for s in config.primitives if s.backend in accepted]
+    offered = [s for s in config.primitives if s.backend in accepted]
     out = []
     for r in base.regions:
-        moves = [b if p == "f32" else f"{b}/{p}" for b, p in offered
-                 if (b, p) != (r.backend, r.scope.compute_precision) and set(r.nodes) <= accepted[b]
-                 and (b != native or len(r.nodes) <= NATIVE_MOVE_MAX_NODES)]
+        moves = [s.choice for s in offered if s != r.scope and set(r.nodes) <= accepted[s.backend]
+                 and (s.backend != native or len(r.nodes) <= NATIVE_MOVE_MAX_NODES)]
         out.append([KEEP, *sorted(moves)])
     return out
 
@@ -68,7 +67,7 @@ def variant(graph: DataflowGraph, base: Plan, config: CompilationConfig, params:
     regions: list[Region] = []
     for i, r in enumerate(base.regions):
         choice = params.get(f"r{i}", KEEP)
-        scope = r.scope if choice == KEEP else config.scope_for(*choice.split("/"))
+        scope = r.scope if choice == KEEP else config.scope_named(choice)
         region = Region(r.nodes, scope)
         if regions and params.get(f"merge{i}", False) and regions[-1].scope == scope:
             union = tuple(sorted(regions[-1].nodes + r.nodes))

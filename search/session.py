@@ -24,7 +24,7 @@ import numpy as np
 import tvm
 
 from partune.backends import registry
-from partune.core.describe import region_label, scope_name
+from partune.core.describe import region_label, scope_name, variant_label
 from partune.core.errors import PartuneError, clean_error, last_line
 from partune.core.keys import candidate_key, plan_key
 from partune.core.plan import Plan, Region
@@ -80,6 +80,7 @@ class TuneOptions:
     build_pool: BuildPool | None = None
     precision: str = "f32"  # "bf16": regions may compute in bf16 where a backend can (``search.precision``)
     tolerance: float | None = None  # with bf16: the largest relative error a plan may have
+    one_thread_regions: bool = True  # on many threads, library regions may run on one (``SEScope.threads``)
 
 
 class SearchSession:
@@ -91,7 +92,8 @@ class SearchSession:
         self.progress = options.progress or Progress()
         self.graph, self.mod = model.graph, model.mod
         bf16 = registry.bf16_names(backends) if options.precision == "bf16" else ()
-        self.config = CompilationConfig.for_cpu(backends, options.threads, bf16=bf16)
+        fewer = registry.threads_per_region_names(backends) if options.one_thread_regions else ()
+        self.config = CompilationConfig.for_cpu(backends, options.threads, bf16=bf16, one_thread=fewer)
         self.cands = [c for c in enumerate_candidates(self.mod, self.graph, self.config, options.pins)
                       if schedulable(c)]
         self.keys = {c: candidate_key(self.graph, c.subgraph.nodes, c.scope) for c in self.cands}
@@ -355,11 +357,12 @@ class SearchSession:
         self.second_opinions()
         for b in self.backends:
             if b not in self.autotuned:  # all of a model tuned as one region: not what tuning is budgeted for
-                for precision in self.config.precisions:
-                    if any(s.backend == b and s.compute_precision == precision for s in self.config.primitives):
-                        self.offer(f"{b}-only" + ("" if precision == "f32" else f" ({precision})"),
-                                   backend_plan(self.model.name, self.mod, self.graph, self.config, b, precision),
-                                   always=True)
+                for precision, threads in self.config.variants:
+                    if any(s.backend == b and (s.compute_precision, s.threads) == (precision, threads)
+                           for s in self.config.primitives):
+                        self.offer(f"{b}-only" + variant_label(precision, threads),
+                                   backend_plan(self.model.name, self.mod, self.graph, self.config, b, precision,
+                                                threads), always=True)
         self.progress.start_phase("measure plans end to end", len(self.result.plans) + BORDER_ROUNDS)
         self.end_to_end_all(dict(self.result.plans))
         if "partune dp" in self.result.plans and overran(self.result.end_to_end["partune dp"]):

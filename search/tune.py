@@ -23,7 +23,8 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
          progress: Progress | None = None, peers: tuple[str, ...] = DEFAULT_PEERS,
          refine_trials: int = 0, previous: Plan | None = None, cost_model=None, memory: bool = False,
          worker_only: bool = False, tune_budget_s: float = 0.0, tune_trials: int = 32,
-         build_pool: BuildPool | None = None, precision: str = "f32", tolerance: float | None = None) -> TuneResult:
+         build_pool: BuildPool | None = None, precision: str = "f32", tolerance: float | None = None,
+         one_thread_regions: bool = True) -> TuneResult:
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
     ``previous`` is the plan an earlier run of the same job emitted: it competes again.
@@ -45,10 +46,13 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     only) candidates are built a few ahead on the cores the measurements do not use.
     With ``precision`` "bf16", regions may compute in bf16 where a backend has a bf16 path
     and the CPU bf16 instructions; no plan whose relative error against f32 exceeds
-    ``tolerance`` is chosen (``partune.search.precision``).
+    ``tolerance`` is chosen (``partune.search.precision``). On more than one thread, with
+    ``one_thread_regions``, library regions (and single-library plans) may also run on one
+    thread (``SEScope.threads``), kept where that measures faster.
     """
     options = TuneOptions(threads=threads, pins=pins, deadline=deadline, progress=progress, peers=peers,
                           refine_trials=refine_trials, previous=previous, cost_model=cost_model, memory=memory,
                           worker_only=worker_only, tune_budget_s=tune_budget_s, tune_trials=tune_trials,
-                          build_pool=build_pool, precision=precision, tolerance=tolerance)
+                          build_pool=build_pool, precision=precision, tolerance=tolerance,
+                          one_thread_regions=one_thread_regions)
     return SearchSession(model, backends, runner, store, options).run()

@@ -40,7 +40,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       cost_model=job.cost_model, memory=args.objective == "latency+memory",
                       worker_only=args.worker, tune_budget_s=job.tune_budget, tune_trials=args.tune_trials,
                       build_pool=pool, precision=args.precision,
-                      tolerance=args.tolerance if args.precision == "bf16" else None)
+                      tolerance=args.tolerance if args.precision == "bf16" else None,
+                      one_thread_regions=args.fewer_threads == "on")
     except KeyboardInterrupt:
         if not args.worker:
             job.study.set_user_attr("stopped", time.time())
@@ -123,7 +124,8 @@ def _prepare(args: argparse.Namespace) -> _Job:
                              claim_ttl_s=max(1800.0, 3 * measure_timeout), heartbeat_s=args.heartbeat,
                              retry_failed=args.retry_failed)
     study_name = args.study or f"{model.name}:{','.join(backends)}" + (
-        f":bf16<={args.tolerance:g}" if args.precision == "bf16" else "")  # an f32 job never resumes a bf16 plan
+        f":bf16<={args.tolerance:g}" if args.precision == "bf16" else "") + (  # an f32 job never resumes a bf16 plan
+        ":same-threads" if args.fewer_threads == "off" and args.threads > 1 else "")
     peers = tuple(p for p in args.peers.split(",") if p and p != "none")
     if unknown := [p for p in peers if p not in PEER_LABELS]:
         raise PartuneError(f"unknown peer(s) {', '.join(unknown)}: use {', '.join(PEER_LABELS)} or none")
