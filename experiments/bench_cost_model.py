@@ -1,12 +1,14 @@
 """Does the cost model make a search measure less, and is its plan as good?
 
-For a held-out zoo model: train the cost model on the other models' measurements in a
-store (``partune costmodel eval --models ... --save``), then tune the held-out model
+For a held-out model (a zoo name, or an architecture of ``experiments/architectures.py``
+exported to ONNX as the benchmark does): train the cost model on the other benchmark
+models' measurements in a store (``partune costmodel eval --models ... --save``), then tune the held-out model
 twice on fresh stores — measuring everything, and with ``--cost-model`` — and time the
 two emitted plans against each other in one process, interleaved. Writes
 experiments/results/cost_model_search.md.
 
     python experiments/bench_cost_model.py --store sqlite:///experiments/results/measurements.db vit-small
+    python experiments/bench_cost_model.py --store ... --out cost_model_search_exports.md distilbert efficientnet
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-ZOO = ["bert-small", "resnet50-small", "mobilenet_v2-small", "convnext-small", "vit-small", "gpt2-small"]
+from experiments.bench_vs_peers import EXPORTS, ZOO, _export  # noqa: E402
 
 
 def _partune(*args: str) -> tuple[str, float]:
@@ -37,35 +39,43 @@ def _made(out: str) -> int:
     return int(re.search(r"measurements made (\d+)", out).group(1))
 
 
-def compare_plans(model_name: str, plans: dict[str, Path]) -> dict[str, float]:
+def compare_plans(spec: str, shapes: dict, plans: dict[str, Path]) -> dict[str, float]:
     """Median latency of each plan, timed in this process in interleaved rounds."""
     from partune.core.plan import Plan
     from partune.models import load
     from partune.runners.builder import build_plan
     from partune.runners.timing import time_interleaved
 
-    model = load(model_name)
+    model = load(spec, shapes or None)
     fns = {label: build_plan(Plan.load(p), model.mod, model.graph).prepare(model.inputs) for label, p in plans.items()}
     return {label: m.median_s for label, m in time_interleaved(fns, rounds=9).items()}
 
 
+def _shapes(flags: list[str]) -> dict[str, tuple[int, ...]]:
+    """``--input-shape NAME=D,D`` flags as load() takes them."""
+    pairs = [flags[i + 1].split("=") for i in range(0, len(flags), 2)]
+    return {name: tuple(int(d) for d in dims.split(",")) for name, dims in pairs}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("held_out", nargs="+", help="zoo models to hold out, one at a time")
+    p.add_argument("held_out", nargs="+", help="benchmark models to hold out, one at a time")
     p.add_argument("--store", required=True, help="storage whose other models train the cost model")
+    p.add_argument("--out", default="cost_model_search.md", help="report, in experiments/results/")
     args = p.parse_args()
     rows = []
     for name in args.held_out:
         with tempfile.TemporaryDirectory() as tmp:
             t = Path(tmp)
-            others = ",".join(m for m in ZOO if m != name)
+            spec, flags = _export(name, t) if name in EXPORTS else (name, [])
+            others = ",".join(m for m in ZOO + EXPORTS if m != name)
             _partune("costmodel", "eval", "--storage", args.store, "--models", others, "--save", str(t / "cm.json"))
             common = ["--peers", "none", "--refine-trials", "0"]
-            full, full_s = _partune("tune", name, "--storage", f"sqlite:///{t / 'a.db'}", "-o", str(t / "full.json"),
+            full, full_s = _partune(*flags, "tune", spec, "--storage", f"sqlite:///{t / 'a.db'}", "-o", str(t / "full.json"),
                                     *common)
-            pruned, pruned_s = _partune("tune", name, "--storage", f"sqlite:///{t / 'b.db'}", "-o",
+            pruned, pruned_s = _partune(*flags, "tune", spec, "--storage", f"sqlite:///{t / 'b.db'}", "-o",
                                         str(t / "pruned.json"), "--cost-model", str(t / "cm.json"), *common)
-            lat = compare_plans(name, {"full": t / "full.json", "pruned": t / "pruned.json"})
+            lat = compare_plans(spec, _shapes(flags), {"full": t / "full.json", "pruned": t / "pruned.json"})
             notes = json.loads((t / "pruned.json").read_text())["notes"]
             rows.append((name, _made(full), full_s, _made(pruned), pruned_s, lat["full"], lat["pruned"],
                          notes["chosen_as"]))
@@ -76,9 +86,9 @@ def main() -> int:
                      f"{pl * 1e3:.3f} | {pl / fl:.3f} |")
     text = "\n".join(lines)
     print(text)
-    out = ROOT / "experiments" / "results" / "cost_model_search.md"
+    out = ROOT / "experiments" / "results" / args.out
     out.write_text("# Searching with the cost model (held-out model, fresh stores)\n\n"
-                   "Cost model trained on the other zoo models' measurements in the benchmark store; "
+                   "Cost model trained on the other benchmark models' measurements in the benchmark store; "
                    "both searches with --peers none --refine-trials 0; the plans timed against each other "
                    "in one process, interleaved (medians). ratio = cost-model plan / full plan.\n\n" + text + "\n")
     return 0

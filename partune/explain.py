@@ -253,8 +253,9 @@ def _region(graph: DataflowGraph, index: int, region: Region, plan: Plan, ev: Ev
     from partune.cost_models.borders import region_features
 
     nodes = tuple(sorted(set(region.nodes)))
-    scopes = [region.scope] + [s for s in plan.config.primitives
-                               if (s.backend, s.precision) != (region.backend, region.scope.precision)]
+    scopes = [region.scope] + [s for s in plan.config.primitives  # (one-thread twins are never candidates)
+                               if (s.backend, s.precision) != (region.backend, region.scope.precision)
+                               and not s.threads]
     facts = [_candidate(graph, nodes, s, ev) for s in scopes]
     winner = facts[0] if facts[0].status == MEASURED else None
     others = sorted((f for f in facts[1:] if f.status == MEASURED), key=lambda f: f.in_model_s or 0.0)

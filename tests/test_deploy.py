@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +119,9 @@ def test_status_report_and_export_of_a_study(tmp_path, capsys):
         assert min(pixels.shape[:2]) > 100 and np.ptp(pixels[..., :3]) > 0.1, name
     capsys.readouterr()
     assert main(["status", "--storage", url]) == 0
-    assert "tiny-job" in capsys.readouterr().out
+    status = capsys.readouterr().out
+    assert "tiny-job" in status
+    assert re.search(r"\| search \d+\.\d GB, measuring workers \d+\.\d GB", status), status  # its peaks
     assert main(["export", "--study", "tiny-job", "--storage", url, "-o", str(tmp_path / "dep")]) == 0
     capsys.readouterr()
     assert main(["run", str(tmp_path / "dep")]) == 0

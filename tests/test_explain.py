@@ -88,6 +88,13 @@ def test_status_cuts_nothing(tmp_path, capsys):
     table = [ln for ln in out if ln.startswith("|")]
     assert name in table[2] and "s left" in table[2] and "running, 9m5" in table[2]
     assert len({len(ln) for ln in table}) == 1
+    # A running job's phase and its processes' peak memory so far (written by the job as it goes).
+    study.set_user_attr("running", {"phase": "measure candidates", "at": time.time()})
+    study.set_user_attr("memory", {"search": 2_100_000_000, "measuring": 900_000_000, "measuring_recycled": 2})
+    assert main(["status", "--storage", url]) == 0
+    row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")][2]
+    assert "left: measure candidates" in row
+    assert "search 2.1 GB, measuring workers 0.9 GB (recycled 2 times)" in row
 
 
 # -- explain's logic on hand-made evidence -----------------------------------------------------

@@ -60,8 +60,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     now, rows = time.time(), []
     for s in sorted(jobs, key=lambda s: s.datetime_start or 0):
         rows.append(_status_row(s.study_name, s.user_attrs, trials, now))
-    for line in fit_table(("study", "state", "refined", "emitted plan", "backends", "ms", "x best peer"), rows,
-                          "<<><<>>", pipes=True):
+    for line in fit_table(("study", "state", "refined", "emitted plan", "backends", "ms", "x best peer",
+                           "peak memory"), rows, "<<><<>><", pipes=True):
         print(line)
     return 0
 
@@ -95,17 +95,33 @@ def _status_row(name: str, attrs: dict, trials: dict[str, int], now: float) -> l
         state = f"running, {format_duration(left)} left" if left > 0 else "running, overtime"
     else:
         state = f"running {format_duration(now - attrs['started'])}"
+    if state.startswith("running") and (phase := (attrs.get("running") or {}).get("phase")):
+        state += f": {phase}"
+    memory = _memory_cell(attrs.get("memory"))
     refined = (f"{trials.get(attrs['refine_study'], 0)}/{attrs.get('n_trials', '?')}"
                if attrs.get("refine_study") else "-")
     plan = attrs.get("best_plan")
     if plan is None:
-        return [name, state, refined, "(none yet)", "-", "-", "-"]
+        return [name, state, refined, "(none yet)", "-", "-", "-", memory]
     notes = plan.get("notes", {})
     backends = "+".join(sorted({r["scope"]["backend"] for r in plan["regions"]}))
     ms = notes.get("verdict_median_s", {}).get(notes.get("chosen_as"), notes.get("measured_s", float("nan")))
     x = notes.get("speedup_vs_best_peer")
     return [name, state, refined, str(notes.get("chosen_as", "?")), backends, f"{ms * 1e3:.3f}",
-            f"{x:.2f}x" if x else "-"]
+            f"{x:.2f}x" if x else "-", memory]
+
+
+def _memory_cell(peaks: dict | None) -> str:
+    """A job's peak resident sizes (``MemoryPeaks`` as stored), as the summary says them."""
+    from partune.commands.summary import memory_line
+    from partune.search.result import MemoryPeaks
+
+    if not peaks or not peaks.get("search"):
+        return "-"
+    try:
+        return memory_line(MemoryPeaks(**peaks)).removeprefix("peak memory: ")
+    except TypeError:  # written by another version
+        return "-"
 
 
 def cmd_report(args: argparse.Namespace) -> int:

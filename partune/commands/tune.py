@@ -6,7 +6,7 @@ import argparse
 import os
 import shutil
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from partune.commands.common import (
     beside_store,
@@ -33,9 +33,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     bars = _Bars(started) if not args.worker else None
     pool, measure_cpus = _build_pool(args, job.measure_timeout)
     runner = make_runner(args.runner, job.measure_timeout, args.threads, measure_cpus)
+    progress = None
+    if bars:
+        beat = _StatusBeat(job.study, runner, pool)
+        progress = Progress(lambda name, total: (bars.start_phase(name, total), beat.start_phase(name)),
+                            lambda status: (bars.advance(status), beat.tick()))
     try:
         result = tune(job.model, job.backends, runner, job.store, threads=args.threads, pins=job.pins,
-                      deadline=job.deadline, progress=Progress(bars.start_phase, bars.advance) if bars else None,
+                      deadline=job.deadline, progress=progress,
                       peers=job.peers, refine_trials=args.refine_trials, previous=job.previous,
                       cost_model=job.cost_model, memory=args.objective == "latency+memory",
                       worker_only=args.worker, tune_budget_s=job.tune_budget, tune_trials=args.tune_trials,
@@ -168,6 +173,7 @@ def _finish(args: argparse.Namespace, job: _Job, result, notes: list[str]) -> in
     fronts = _save_front(result, args.output)
     study = job.study
     study.set_user_attr("best_plan", result.plan.to_json())
+    study.set_user_attr("memory", asdict(result.memory))
     study.set_user_attr("finished", time.time())
     if result.refine_study:
         study.set_user_attr("refine_study", result.refine_study)
@@ -265,6 +271,33 @@ def _save_front(result, output: str) -> list[str]:
         mib = f"{m.peak_bytes / 2**20:9.1f}" if m.peak_bytes is not None else f"{'-':>9}"
         lines.append(f"| {path[-30:]:<30} | {m.cost_s * 1e3:9.3f} | {mib} | {'+'.join(plan.backends)} |")
     return lines
+
+
+class _StatusBeat:
+    """What `partune status` shows of a running job: its phase and the peak resident size of
+    each of its processes so far, written to the job's study at most every ``every_s``."""
+
+    def __init__(self, study, runner, pool, every_s: float = 30.0) -> None:
+        self.study, self.runner, self.pool, self.every_s = study, runner, pool, every_s
+        self.phase, self.last = "", float("-inf")
+
+    def start_phase(self, name: str) -> None:
+        self.phase, self.last = name, float("-inf")  # a new phase is shown at once
+        self.tick()
+
+    def tick(self) -> None:
+        import time
+
+        from partune.search.result import MemoryPeaks
+
+        if time.monotonic() - self.last < self.every_s:
+            return
+        self.last = time.monotonic()
+        try:
+            self.study.set_user_attr("running", {"phase": self.phase, "at": time.time()})
+            self.study.set_user_attr("memory", asdict(MemoryPeaks.of(self.runner, self.pool)))
+        except Exception:  # noqa: BLE001 - a status line must never stop the search (storage down)
+            pass
 
 
 class _Bars:
