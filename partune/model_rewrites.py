@@ -6,6 +6,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from partune.input_free import fold_input_free
+
 
 @relax.expr_functor.mutator
 class _BoolCumsumFix(relax.PyExprMutator):
@@ -147,6 +149,7 @@ def normalise(mod: tvm.IRModule) -> tvm.IRModule:
     mod["main"] = _WholeInputPool().visit_expr(mod["main"])
     # Work that depends on no input (masks built from constants) is done once, here.
     mod = relax.transform.FoldConstant()(mod)
+    mod = fold_input_free(mod)  # what FoldConstant cannot: work rooted in R.arange and the like
     mod["main"] = _ExactIdioms().visit_expr(mod["main"])  # (after folding: it reads constants)
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
     return mod
