@@ -6,6 +6,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from partune.finite_bounds import drop_softmax_guards
 from partune.input_free import fold_input_free
 
 
@@ -151,5 +152,6 @@ def normalise(mod: tvm.IRModule) -> tvm.IRModule:
     mod = relax.transform.FoldConstant()(mod)
     mod = fold_input_free(mod)  # what FoldConstant cannot: work rooted in R.arange and the like
     mod["main"] = _ExactIdioms().visit_expr(mod["main"])  # (after folding: it reads constants)
+    mod = drop_softmax_guards(mod)  # softmax guards that can never fire
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
     return mod

@@ -1,0 +1,241 @@
+"""Bounds on the magnitude of every float value a model computes, where they can be proved.
+
+Why: the torch import of ``scaled_dot_product_attention`` guards each softmax against rows
+that are all ``-inf`` (``where(all(x == -inf), 0, softmax(x))``: seven small ops per
+attention). torch.onnx.export drops the guard, so onnxruntime and OpenVINO on the user's file
+never pay it; in a Partune region it cost 9 us of bert-small's 55 (OpenVINO, one thread).
+Where ``x`` provably never holds an infinity the guard is the identity, and removing it is
+exact. A finite bound on ``|x|`` proves that: NaN may pass (it is never ``-inf``), an
+infinity may not.
+
+The bounds are conservative, in float64, from the constants' values and the ops' algebra:
+a layer norm's output is bounded by ``sqrt(N) * max|gamma| + max|beta|`` whatever its
+input (an infinite input makes NaN, not an infinity), a matmul's by ``K * |a| * |b|``, a
+softmax's by 1, and so on. An op not listed, and any float model input, is unbounded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tvm
+from tvm import relax
+
+INF = math.inf
+FLT_MAX = float(np.finfo(np.float32).max)
+OVERFLOW = 2.0 ** 128 - 2.0 ** 103  # an exact result this large rounds to infinity in f32
+ULP = 2.0 ** -24  # the relative error of one f32 rounding
+
+
+def _rounded(exact: float, roundings: int = 1) -> float:
+    """A bound on an f32 result whose exact value (from f32 operands) is at most ``exact`` in
+    magnitude, computed with ``roundings`` roundings; INF if the result may overflow.
+
+    The last rounding cannot overflow below ``OVERFLOW`` (round to nearest); earlier ones (a
+    matmul's partial sums) each grow the bound by at most ``ULP``; 1e-15 covers this float64
+    arithmetic. ``-3.4e38 + s`` (a mask of float32's lowest, added to bounded scores) stays
+    finite, as it does in f32.
+    """
+    grown = exact * (1 + 1e-15) * (1 + ULP) ** max(roundings - 1, 0)
+    return min(grown * (1 + ULP), FLT_MAX) if grown < OVERFLOW else INF
+
+_SAME = frozenset({
+    "relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.flatten",
+    "relax.broadcast_to", "relax.strided_slice", "relax.take", "relax.index_tensor",
+    "relax.gather_elements", "relax.gather_nd", "relax.nn.relu", "relax.max", "relax.min",
+    "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d", "relax.mean",
+    "relax.negative", "relax.abs", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu",
+    "relax.clip", "relax.nn.leakyrelu", "relax.layout_transform", "relax.repeat", "relax.tile",
+    "relax.split", "relax.concat", "relax.maximum", "relax.minimum", "relax.where",
+})
+_UNIT = frozenset({"relax.nn.softmax", "relax.sigmoid", "relax.tanh", "relax.erf", "relax.sin",
+                   "relax.cos", "relax.nn.softplus_unit"})
+_INT_MAX = {"bool": 1.0, "int8": 128.0, "uint8": 255.0, "int16": 2.0 ** 15, "uint16": 2.0 ** 16,
+            "int32": 2.0 ** 31, "uint32": 2.0 ** 32, "int64": 2.0 ** 63, "uint64": 2.0 ** 64}
+
+
+def _dims(expr: relax.Expr) -> list[int] | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        return [int(v) for v in ty.shape.values]
+    except TypeError:
+        return None
+
+
+def _dtype(expr: relax.Expr) -> str:
+    ty = expr.ty
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else ""
+
+
+def _const_bound(value: np.ndarray) -> float:
+    if value.dtype == bool or np.issubdtype(value.dtype, np.integer):
+        return float(np.abs(value.astype(np.float64)).max(initial=0.0))
+    finite = np.abs(value.astype(np.float64))
+    if np.isinf(finite).any():
+        return INF
+    return float(np.nanmax(finite, initial=0.0)) if finite.size else 0.0
+
+
+def _const_min_abs(expr: relax.Expr) -> float:
+    if not isinstance(expr, tvm.ir.GenericConst):
+        return 0.0
+    value = np.abs(expr.value.numpy().astype(np.float64))
+    return float(value.min()) if value.size and not np.isnan(value).any() else 0.0
+
+
+class _Bounds:
+    def __init__(self, func: relax.Function) -> None:
+        self.of: dict[relax.Var, float] = {}
+        self.bindings: dict[relax.Var, relax.Expr] = {}
+        for p in func.params:
+            self.of[p] = _INT_MAX.get(_dtype(p), INF)
+        for block in func.body.blocks:
+            for b in block.bindings:
+                self.bindings[b.var] = b.value
+                self.of[b.var] = self.expr(b.value) if isinstance(b, relax.VarBinding) else INF
+
+    def expr(self, e: relax.Expr) -> float:
+        if isinstance(e, relax.Var):
+            return self.of.get(e, INF)
+        if isinstance(e, tvm.ir.GenericConst):
+            return _const_bound(e.value.numpy())
+        if isinstance(e, relax.Tuple):
+            return max((self.expr(f) for f in e.fields), default=0.0)
+        if isinstance(e, relax.TupleGetItem):
+            return self.expr(e.tuple_value)
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+            if _dtype(e).startswith(("float", "bfloat")) and _dtype(e) != "float32":
+                return INF  # the bounds assume f32's range and rounding
+            try:
+                return self.call(e)
+            except (TypeError, ValueError, AttributeError, IndexError, OverflowError):
+                return INF
+        return INF
+
+    def call(self, c: relax.Call) -> float:  # noqa: PLR0911 - one case per op family
+        name, args = c.op.name, c.args
+        b = [self.expr(a) for a in args]
+        if name in _UNIT:
+            return 1.0
+        if name in ("relax.nn.layer_norm", "relax.nn.rms_norm"):
+            # |normalised| <= sqrt(N - 1) whatever the input (an infinity in it gives NaN); the
+            # 1e-3 covers the roundings of the mean, variance and scaling
+            n = math.prod(_dims(args[0])[int(a)] for a in c.attrs.axes)
+            scale = b[1] if name == "relax.nn.rms_norm" or c.attrs.scale else 1.0
+            beta = b[2] if name == "relax.nn.layer_norm" and c.attrs.center else 0.0
+            return _rounded(math.sqrt(n) * (1 + 1e-3) * scale + beta, 4)
+        if name == "relax.exp":
+            return _rounded(math.exp(b[0]) * (1 + 1e-6)) if b[0] < 88 else INF
+        if name in _SAME:
+            if name in ("relax.take", "relax.index_tensor", "relax.gather_elements", "relax.gather_nd"):
+                return b[0]
+            return max(b) if name in ("relax.maximum", "relax.minimum", "relax.concat") else (
+                max(b[1:]) if name == "relax.where" else b[0])
+        if name == "relax.astype":
+            return min(b[0], _INT_MAX.get(_dtype(args[0]), INF))
+        if INF in b:
+            return INF  # (below: arithmetic, unbounded with an unbounded operand)
+        if name in ("relax.add", "relax.subtract"):
+            return _rounded(b[0] + b[1])
+        if name == "relax.multiply":
+            return _rounded(b[0] * b[1])
+        if name == "relax.divide":
+            low = _const_min_abs(args[1])
+            return _rounded(b[0] / low) if low > 0 else INF
+        if name == "relax.matmul":
+            k = _dims(args[0])[-1]
+            return _rounded(k * b[0] * b[1], 2 * k)
+        if name in ("relax.nn.conv1d", "relax.nn.conv2d"):
+            k = math.prod(_dims(args[1])[1:])
+            return _rounded(k * b[0] * b[1], 2 * k)
+        if name == "relax.sum":
+            dims = _dims(args[0])
+            axes = c.attrs.axis
+            n = math.prod(dims) if axes is None else math.prod(dims[int(a)] for a in axes)
+            return _rounded(n * b[0], n)
+        if name == "relax.sqrt":
+            return b[0] if b[0] <= 1 else math.sqrt(b[0]) * (1 + ULP)
+        return INF
+
+
+def magnitude_bounds(func: relax.Function) -> dict[relax.Var, float]:
+    """For each var of ``func``'s bindings and params: a bound on the magnitude of every
+    finite value it can hold, or ``inf`` where it may hold an infinity (or is not known)."""
+    return _Bounds(func).of
+
+
+def never_infinite(bound: float) -> bool:
+    """Whether a value with this magnitude bound can never be an infinity in f32."""
+    return bound <= FLT_MAX
+
+
+def _is_neg_inf(expr: relax.Expr) -> bool:
+    if not isinstance(expr, tvm.ir.GenericConst):
+        return False
+    value = expr.value.numpy()
+    return value.size == 1 and bool(np.isneginf(value).all())
+
+
+@relax.expr_functor.mutator
+class _SoftmaxGuards(relax.PyExprMutator):
+    """``where(not(any(x != -inf, axis=-1)), 0, softmax(x))`` is ``softmax(x)`` where every
+    row of ``x`` provably holds an element that is not ``-inf``: ``x`` bounded, or ``x = s +
+    M`` with ``s`` bounded and ``M`` a constant (an additive mask) with a finite element in
+    every row (a causal mask's diagonal), whose sum with ``s`` cannot overflow.
+
+    The import spells the test ``not(astype(max(astype(not(x == -inf), int8), -1), bool))``.
+    """
+
+    def __init__(self, bounds: dict[relax.Var, float]) -> None:
+        super().__init__()
+        self.bounds = bounds
+
+    def _chain(self, expr: relax.Expr, *names: str) -> relax.Expr | None:
+        """Follow ``expr`` back through calls of ``names`` (first arguments); the last one's
+        first argument, or None where the chain differs."""
+        for name in names:
+            value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
+            if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == name):
+                return None
+            if name == "relax.max" and ([int(a) for a in value.attrs.axis or []] != [-1]):
+                return None
+            if name == "relax.equal" and not _is_neg_inf(value.args[1]):
+                return None
+            expr = value.args[0]
+        return expr
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.where"):
+            return call
+        guard, _, result = call.args
+        x = self._chain(guard, "relax.logical_not", "relax.astype", "relax.max", "relax.astype",
+                        "relax.logical_not", "relax.equal")
+        source = self._chain(result, "relax.nn.softmax")
+        if x is None or source is None or not source.same_as(x) or _dims(result) != _dims(call):
+            return call
+        return result if self._rows_hold_no_neg_inf(x) else call
+
+    def _rows_hold_no_neg_inf(self, x: relax.Expr) -> bool:
+        if never_infinite(self.bounds.get(x, INF)):
+            return True
+        value = self.lookup_binding(x) if isinstance(x, relax.Var) else None
+        dims = _dims(x)
+        if not (isinstance(value, relax.Call) and value.op.name == "relax.add") or dims is None:
+            return False
+        for s, mask in (value.args, value.args[::-1]):
+            if isinstance(mask, tvm.ir.GenericConst) and never_infinite(self.bounds.get(s, INF)):
+                m = np.abs(np.broadcast_to(mask.value.numpy().astype(np.float64), dims))
+                fine = np.isfinite(m) & (m + self.bounds[s] < FLT_MAX)
+                return bool(fine.any(axis=-1).all())
+        return False
+
+
+def drop_softmax_guards(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` without the softmax guards that can never fire (``_SoftmaxGuards``)."""
+    mod = mod.clone() if hasattr(mod, "clone") else mod
+    mod["main"] = _SoftmaxGuards(magnitude_bounds(mod["main"])).visit_expr(mod["main"])
+    return relax.transform.DeadCodeElimination(["main"])(mod)

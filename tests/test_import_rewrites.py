@@ -1,0 +1,114 @@
+"""Import rewrites that make plans faster, each exact: input-free work folded once, softmax
+guards dropped where they can never fire."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from partune import input_free
+from partune.backends import registry
+from partune.core.graph import main_bindings
+from partune.model_rewrites import normalise
+
+
+def _masked_scores() -> tvm.IRModule:
+    """A causal mask built from ``arange`` (int64 compares, as the torch import spells it),
+    applied to the input: what FoldConstant leaves computed on every call."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            i = bb.emit(relax.op.arange(0, 8, 1, dtype="int64"))
+            row = bb.emit(relax.op.reshape(i, (8, 1)))
+            col = bb.emit(relax.op.add(i, relax.const(0, "int64")))
+            mask = bb.emit(relax.op.less_equal(col, row))
+            out = bb.emit_output(relax.op.where(mask, x, relax.const(-1e9, "float32")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _run(mod: tvm.IRModule, x: np.ndarray) -> np.ndarray:
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def _ops(mod: tvm.IRModule) -> list[str]:
+    return [b.value.op.name for b in main_bindings(mod["main"])
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+
+
+def test_an_arange_mask_becomes_one_constant_and_computes_the_same():
+    mod = _masked_scores()
+    folded = normalise(mod)
+    assert _ops(folded) == ["relax.where"]  # arange, reshape, add and the compare are gone
+    x = np.random.default_rng(0).standard_normal((1, 8, 8)).astype("float32")
+    np.testing.assert_array_equal(_run(folded, x), _run(mod, x))
+    # and OpenVINO, which refuses the int64 steps, now takes the whole function
+    ov = registry.get("openvino")
+    assert all(ov.accepts(b) for b in main_bindings(folded["main"]))
+    assert not all(ov.accepts(b) for b in main_bindings(mod["main"]))
+
+
+def test_values_too_large_to_keep_stay_computed(monkeypatch):
+    monkeypatch.setattr(input_free, "MAX_ELEMENTS", 8)  # the 8x8 mask is over the cap
+    assert "relax.less_equal" in _ops(input_free.fold_input_free(_masked_scores()))
+
+
+def test_a_function_of_inputs_only_is_left_as_it_is():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(x, x))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert input_free.fold_input_free(mod) is mod
+
+
+def _guarded_attention(mask: np.ndarray | None, normalise_first: bool = True) -> tvm.IRModule:
+    """softmax over scores with the import's guard against rows all -inf (torch's SDPA):
+    scores from a layer norm (bounded) or from the raw input (not), plus an additive mask."""
+    rng = np.random.default_rng(1)
+    bb = relax.BlockBuilder()
+    h = relax.Var("h", relax.TensorType((1, 4, 8), "float32"))
+    with bb.function("main", [h]):
+        with bb.dataflow():
+            y = h
+            if normalise_first:
+                y = bb.emit(relax.op.nn.layer_norm(h, relax.const(np.ones(8, "float32")),
+                                                   relax.const(np.zeros(8, "float32")), axes=[-1]))
+            w = relax.const(rng.standard_normal((8, 4)).astype("float32"))
+            x = bb.emit(relax.op.matmul(y, w))
+            if mask is not None:
+                x = bb.emit(relax.op.add(x, relax.const(mask)))
+            sm = bb.emit(relax.op.nn.softmax(x, axis=-1))
+            t = bb.emit(relax.op.equal(x, relax.const(float("-inf"), "float32")))
+            t = bb.emit(relax.op.logical_not(t))
+            t = bb.emit(relax.op.astype(t, "int8"))
+            t = bb.emit(relax.op.max(t, axis=[-1], keepdims=True))
+            t = bb.emit(relax.op.astype(t, "bool"))
+            t = bb.emit(relax.op.logical_not(t))
+            out = bb.emit_output(relax.op.where(t, relax.const(np.zeros((1, 4, 4), "float32")), sm))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+_CAUSAL = np.triu(np.full((4, 4), -np.inf, "float32"), k=1)  # the diagonal stays finite
+_ROW_MASKED = np.where(np.arange(4)[:, None] == 2, -np.inf, 0).astype("float32") * np.ones((4, 4), "float32")
+
+
+@pytest.mark.parametrize("mask,normalise_first,dropped", [
+    (None, True, True),  # scores from a layer norm: bounded, never -inf
+    (_CAUSAL, True, True),  # every row keeps a finite mask entry
+    (_ROW_MASKED, True, False),  # row 2 is all -inf: the guard fires there
+    (None, False, False),  # scores straight from a float input may be -inf
+])
+def test_softmax_guards_go_only_where_they_cannot_fire(mask, normalise_first, dropped):
+    mod = _guarded_attention(mask, normalise_first)
+    out = normalise(mod)
+    assert ("relax.equal" not in _ops(out)) == dropped
+    x = np.random.default_rng(2).standard_normal((1, 4, 8)).astype("float32")
+    np.testing.assert_array_equal(_run(out, x), _run(mod, x))
+    if mask is _ROW_MASKED:
+        assert (_run(out, x)[0, 2] == 0).all()  # the guarded row: zeros, not NaN
