@@ -57,6 +57,36 @@ def _shapes(flags: list[str]) -> dict[str, tuple[int, ...]]:
     return {name: tuple(int(d) for d in dims.split(",")) for name, dims in pairs}
 
 
+def _training_models(folder: Path) -> dict[str, str]:
+    """Every benchmark model as ``costmodel eval --models`` loads it: zoo names, and the
+    architectures exported with static shapes (their graphs, and so the measurement keys in the
+    benchmark store, are those of the dynamic exports tuned with ``--input-shape``)."""
+    from experiments.architectures import export_onnx
+
+    files = {name: name for name in ZOO}
+    for name in EXPORTS:
+        export_onnx(name, folder / f"{name}.onnx", dynamic=False)
+        files[name] = str(folder / f"{name}.onnx")
+    return files
+
+
+def _held_out(name: str, trained_on: dict[str, str], store: str) -> tuple:
+    """One row: ``name`` tuned measuring everything, and with a cost model trained without it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        spec, flags = _export(name, t) if name in EXPORTS else (name, [])
+        others = ",".join(f for m, f in trained_on.items() if m != name)
+        _partune("costmodel", "eval", "--storage", store, "--models", others, "--save", str(t / "cm.json"))
+        common = ["--peers", "none", "--refine-trials", "0"]
+        full, full_s = _partune(*flags, "tune", spec, "--storage", f"sqlite:///{t / 'a.db'}", "-o",
+                                str(t / "full.json"), *common)
+        pruned, pruned_s = _partune(*flags, "tune", spec, "--storage", f"sqlite:///{t / 'b.db'}", "-o",
+                                    str(t / "pruned.json"), "--cost-model", str(t / "cm.json"), *common)
+        lat = compare_plans(spec, _shapes(flags), {"full": t / "full.json", "pruned": t / "pruned.json"})
+        notes = json.loads((t / "pruned.json").read_text())["notes"]
+        return (name, _made(full), full_s, _made(pruned), pruned_s, lat["full"], lat["pruned"], notes["chosen_as"])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("held_out", nargs="+", help="benchmark models to hold out, one at a time")
@@ -64,21 +94,10 @@ def main() -> int:
     p.add_argument("--out", default="cost_model_search.md", help="report, in experiments/results/")
     args = p.parse_args()
     rows = []
-    for name in args.held_out:
-        with tempfile.TemporaryDirectory() as tmp:
-            t = Path(tmp)
-            spec, flags = _export(name, t) if name in EXPORTS else (name, [])
-            others = ",".join(m for m in ZOO + EXPORTS if m != name)
-            _partune("costmodel", "eval", "--storage", args.store, "--models", others, "--save", str(t / "cm.json"))
-            common = ["--peers", "none", "--refine-trials", "0"]
-            full, full_s = _partune(*flags, "tune", spec, "--storage", f"sqlite:///{t / 'a.db'}", "-o", str(t / "full.json"),
-                                    *common)
-            pruned, pruned_s = _partune(*flags, "tune", spec, "--storage", f"sqlite:///{t / 'b.db'}", "-o",
-                                        str(t / "pruned.json"), "--cost-model", str(t / "cm.json"), *common)
-            lat = compare_plans(spec, _shapes(flags), {"full": t / "full.json", "pruned": t / "pruned.json"})
-            notes = json.loads((t / "pruned.json").read_text())["notes"]
-            rows.append((name, _made(full), full_s, _made(pruned), pruned_s, lat["full"], lat["pruned"],
-                         notes["chosen_as"]))
+    with tempfile.TemporaryDirectory() as shared:
+        trained_on = _training_models(Path(shared))
+        for name in args.held_out:
+            rows.append(_held_out(name, trained_on, args.store))
     lines = ["| held-out model | measurements (all) | search s | measurements (cost model) | search s | "
              "fewer | plan ms (all) | plan ms (cost model) | ratio |", "|" + "---|" * 9]
     for name, fm, fs, pm, ps, fl, pl, _ in rows:

@@ -59,7 +59,8 @@ def tune_one(spec: str, flags: list[str], args, out: Path) -> dict:
         cmd += ["--tune-budget", args.tune_budget, "--tune-trials", str(args.tune_trials)]
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    row = {"model": Path(spec).stem if spec.endswith(".onnx") else spec, "wall_s": time.monotonic() - start}
+    row = {"model": Path(spec).stem if spec.endswith(".onnx") else spec, "wall_s": time.monotonic() - start,
+           "measured": f"{time.strftime('%Y-%m-%d %H:%M')} at {_commit()}"}
     if done.returncode != 0:
         row["error"] = (done.stderr.strip().splitlines() or ["?"])[-1][:200]
         return row
@@ -77,9 +78,21 @@ def tune_one(spec: str, flags: list[str], args, out: Path) -> dict:
     if tuning := re.search(r"auto-tuning: (\d+) regions tuned \((\d+) MetaSchedule trials\) in (\d+) s", done.stdout):
         row |= {"tuned_regions": int(tuning.group(1)), "tuning_trials": int(tuning.group(2)),
                 "tuning_s": int(tuning.group(3))}
-    (RESULTS / "vs_peers").mkdir(parents=True, exist_ok=True)
-    (RESULTS / "vs_peers" / f"{row['model']}.txt").write_text(done.stdout)
+    details = Path(args.out).with_suffix("")  # results/vs_peers.md -> results/vs_peers/MODEL.txt
+    details.mkdir(parents=True, exist_ok=True)
+    (details / f"{row['model']}.txt").write_text(done.stdout)
     return row
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or "?"
+
+
+def merged(earlier: list[dict], new: list[dict]) -> list[dict]:
+    """``earlier``'s rows with those of the models in ``new`` replaced (new models appended)."""
+    fresh = {r["model"]: r for r in new}
+    return [fresh.pop(r["model"], r) for r in earlier] + list(fresh.values())
 
 
 def table(rows: list[dict]) -> str:
@@ -87,7 +100,7 @@ def table(rows: list[dict]) -> str:
     tuning = any("tuned_regions" in r for r in rows)
     head = ["model", "emitted plan", "backends", "plan ms", *[f"{k} ms" for k in kinds], "x best peer",
             "DP est. error", "search s", "measurements", *(["tuned (trials, s)", "tuned regions in plan"]
-                                                           if tuning else [])]
+                                                           if tuning else []), "measured"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         if "error" in r:
@@ -106,6 +119,7 @@ def table(rows: list[dict]) -> str:
         if tuning:
             cells += [f"{r.get('tuned_regions', 0)} ({r.get('tuning_trials', 0)}, {r.get('tuning_s', 0)})",
                       str(r.get("tuned_regions_in_plan", 0))]
+        cells.append(r.get("measured", "-"))
         lines.append("| " + " | ".join(cells) + " |")
     ok = [r["speedup"] for r in rows if r.get("speedup")]
     if ok:
@@ -130,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="how the architectures are exported (dynamo: torch's default; OpenVINO cannot read some)")
     p.add_argument("--tune-budget", help="auto-tune TVM regions for this long per model (e.g. 4m)")
     p.add_argument("--tune-trials", type=int, default=32, help="MetaSchedule trials per tuned region")
+    p.add_argument("--merge", action="store_true",
+                   help="replace these models' rows in the report already at --out (its .json), keeping "
+                        "the others; each row says when and at which commit it was measured")
     p.add_argument("--threads", default="1", help="threads for every contender: N, or 'all' (every core); at "
                    "more than one, each contender is timed in a process of its own, one at a time")
     args = p.parse_args(argv)
@@ -145,13 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     args.storage = args.storage or f"sqlite:///{RESULTS / f'measurements{suffix}.db'}"
     args.threads = os.cpu_count() or 1 if args.threads == "all" else int(args.threads)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows: list[dict] = []
+    earlier = json.loads(Path(args.out).with_suffix(".json").read_text()) if args.merge else []
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             spec, flags = _export(name, Path(tmp), args.exporter) if name in (*EXPORTS, *HELD_OUT) else (name, [])
             rows.append(tune_one(spec, flags, args, Path(tmp) / f"{name}.plan.json"))
-            text = table(rows)
-            Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
+            every = merged(earlier, rows)
+            text = table(every)
+            Path(args.out).with_suffix(".json").write_text(json.dumps(every, indent=1))
             print(f"\n{text}", flush=True)
             Path(args.out).write_text(
                 "# Emitted plan vs the best peer, interleaved rounds"

@@ -44,11 +44,12 @@ _SAME = frozenset({
     "relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.flatten",
     "relax.broadcast_to", "relax.strided_slice", "relax.take", "relax.index_tensor",
     "relax.gather_elements", "relax.gather_nd", "relax.nn.relu", "relax.max", "relax.min",
-    "relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d", "relax.mean",
-    "relax.negative", "relax.abs", "relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu",
-    "relax.clip", "relax.nn.leakyrelu", "relax.layout_transform", "relax.repeat", "relax.tile",
-    "relax.split", "relax.concat", "relax.maximum", "relax.minimum", "relax.where",
+    "relax.nn.max_pool2d", "relax.negative", "relax.abs", "relax.nn.gelu", "relax.nn.gelu_tanh",
+    "relax.nn.silu", "relax.clip", "relax.repeat", "relax.tile", "relax.split", "relax.concat",
+    "relax.maximum", "relax.minimum", "relax.where",
 })
+# Averages: no larger than their inputs, but computed as sums, which may overflow first.
+_AVERAGES = frozenset({"relax.mean", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d"})
 _UNIT = frozenset({"relax.nn.softmax", "relax.sigmoid", "relax.tanh", "relax.erf", "relax.sin",
                    "relax.cos", "relax.nn.softplus_unit"})
 _INT_MAX = {"bool": 1.0, "int8": 128.0, "uint8": 255.0, "int16": 2.0 ** 15, "uint16": 2.0 ** 16,
@@ -138,6 +139,8 @@ class _Bounds:
             return min(b[0], _INT_MAX.get(_dtype(args[0]), INF))
         if INF in b:
             return INF  # (below: arithmetic, unbounded with an unbounded operand)
+        if name in _AVERAGES:  # a sum of up to 2^24 terms of this size cannot overflow
+            return b[0] if b[0] < FLT_MAX * 2.0 ** -25 else INF
         if name in ("relax.add", "relax.subtract"):
             return _rounded(b[0] + b[1])
         if name == "relax.multiply":

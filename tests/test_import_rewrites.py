@@ -66,7 +66,8 @@ def test_a_function_of_inputs_only_is_left_as_it_is():
     assert input_free.fold_input_free(mod) is mod
 
 
-def _guarded_attention(mask: np.ndarray | None, normalise_first: bool = True) -> tvm.IRModule:
+def _guarded_attention(mask: np.ndarray | None, normalise_first: bool = True,
+                       scores_only: bool = False) -> tvm.IRModule:
     """softmax over scores with the import's guard against rows all -inf (torch's SDPA):
     scores from a layer norm (bounded) or from the raw input (not), plus an additive mask."""
     rng = np.random.default_rng(1)
@@ -80,18 +81,22 @@ def _guarded_attention(mask: np.ndarray | None, normalise_first: bool = True) ->
                                                    relax.const(np.zeros(8, "float32")), axes=[-1]))
             w = relax.const(rng.standard_normal((8, 4)).astype("float32"))
             x = bb.emit(relax.op.matmul(y, w))
-            if mask is not None:
-                x = bb.emit(relax.op.add(x, relax.const(mask)))
-            sm = bb.emit(relax.op.nn.softmax(x, axis=-1))
-            t = bb.emit(relax.op.equal(x, relax.const(float("-inf"), "float32")))
-            t = bb.emit(relax.op.logical_not(t))
-            t = bb.emit(relax.op.astype(t, "int8"))
-            t = bb.emit(relax.op.max(t, axis=[-1], keepdims=True))
-            t = bb.emit(relax.op.astype(t, "bool"))
-            t = bb.emit(relax.op.logical_not(t))
-            out = bb.emit_output(relax.op.where(t, relax.const(np.zeros((1, 4, 4), "float32")), sm))
+            out = bb.emit_output(x) if scores_only else bb.emit_output(_guarded_softmax(bb, x, mask))
         bb.emit_func_output(out)
     return bb.get()
+
+
+def _guarded_softmax(bb: relax.BlockBuilder, x: relax.Expr, mask: np.ndarray | None) -> relax.Expr:
+    if mask is not None:
+        x = bb.emit(relax.op.add(x, relax.const(mask)))
+    sm = bb.emit(relax.op.nn.softmax(x, axis=-1))
+    t = bb.emit(relax.op.equal(x, relax.const(float("-inf"), "float32")))
+    t = bb.emit(relax.op.logical_not(t))
+    t = bb.emit(relax.op.astype(t, "int8"))
+    t = bb.emit(relax.op.max(t, axis=[-1], keepdims=True))
+    t = bb.emit(relax.op.astype(t, "bool"))
+    t = bb.emit(relax.op.logical_not(t))
+    return relax.op.where(t, relax.const(np.zeros((1, 4, 4), "float32")), sm)
 
 
 _CAUSAL = np.triu(np.full((4, 4), -np.inf, "float32"), k=1)  # the diagonal stays finite
@@ -112,3 +117,34 @@ def test_softmax_guards_go_only_where_they_cannot_fire(mask, normalise_first, dr
     np.testing.assert_array_equal(_run(out, x), _run(mod, x))
     if mask is _ROW_MASKED:
         assert (_run(out, x)[0, 2] == 0).all()  # the guarded row: zeros, not NaN
+
+
+def test_magnitude_bounds_hold_on_extreme_inputs_and_refuse_overflow():
+    """Bounds are sound on what TVM computes, even from infinite or huge inputs, and a product
+    that could overflow f32 is unbounded."""
+    from partune.finite_bounds import magnitude_bounds, never_infinite
+
+    mod = _guarded_attention(_CAUSAL)
+    func = mod["main"]
+    bounds = magnitude_bounds(func)
+    bindings = main_bindings(func)
+    calls = {b.value.op.name: b.var for b in bindings if isinstance(b.value, relax.Call)}
+    scores, masked = calls["relax.matmul"], calls["relax.add"]
+    assert never_infinite(bounds[scores]) and not never_infinite(bounds[masked])  # the mask holds -inf
+    # the bound holds on the values TVM computes (the scores, read out as the result)
+    probe = _guarded_attention(_CAUSAL, scores_only=True)
+    for x in (np.full((1, 4, 8), 1e30, "float32"), np.full((1, 4, 8), np.inf, "float32"),
+              np.random.default_rng(3).standard_normal((1, 4, 8)).astype("float32") * 1e6):
+        got = _run(probe, x)
+        assert not np.isinf(got).any()  # NaN where the input was infinite, never an infinity
+        finite = got[np.isfinite(got)]
+        assert finite.size == 0 or np.abs(finite).max() <= bounds[scores]
+    huge = relax.Var("h", relax.TensorType((1, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [huge]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.layer_norm(huge, relax.const(np.ones(8, "float32")),
+                                               relax.const(np.zeros(8, "float32")), axes=[-1]))
+            z = bb.emit_output(relax.op.matmul(y, relax.const(np.full((8, 2), 3e37, "float32"))))
+        bb.emit_func_output(z)
+    assert not never_infinite(magnitude_bounds(bb.get()["main"])[z])
