@@ -79,7 +79,7 @@ def _held_out(name: str, trained_on: dict[str, str], store: str) -> tuple:
         _partune("costmodel", "eval", "--storage", store, "--models", others, "--save", str(t / "cm.json"))
         common = ["--peers", "none", "--refine-trials", "0"]
         full, full_s = _partune(*flags, "tune", spec, "--storage", f"sqlite:///{t / 'a.db'}", "-o",
-                                str(t / "full.json"), *common)
+                                str(t / "full.json"), "--cost-model", "off", *common)
         pruned, pruned_s = _partune(*flags, "tune", spec, "--storage", f"sqlite:///{t / 'b.db'}", "-o",
                                     str(t / "pruned.json"), "--cost-model", str(t / "cm.json"), *common)
         lat = compare_plans(spec, _shapes(flags), {"full": t / "full.json", "pruned": t / "pruned.json"})

@@ -137,7 +137,9 @@ def _prepare(args: argparse.Namespace) -> _Job:
     study = optuna.create_study(study_name=study_name, storage=store.storage, load_if_exists=True)
     if not args.worker:
         _job_started(study, args)
-    if args.cost_model == "auto":
+    if args.cost_model == "off":
+        args.cost_model = None
+    elif args.cost_model == "auto":
         args.cost_model = beside_store(args.storage, ".costmodel.json")
     return _Job(model, backends, tune_budget, deadline, pins, measure_timeout, store, study, peers,
                 previous_plan(store.storage, study_name), _load_cost_model(args.cost_model))
