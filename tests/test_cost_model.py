@@ -171,3 +171,14 @@ def test_the_search_learns_from_its_own_measurements():
         return float(np.mean(np.abs(np.log(model.predict(xs)) - log_s)))
 
     assert len(taken) > 10 and error(result.cost_model) < error(start) / 2
+
+
+def test_cost_model_off_measures_everything_and_keeps_no_model(tmp_path):
+    from partune.cli import main
+    from tests.model_files import write_onnx
+
+    model = write_onnx(tmp_path / "tiny.onnx")
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    assert main(["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--storage", url,
+                 "--cost-model", "off", "-o", str(tmp_path / "plan.json")]) == 0
+    assert not list(tmp_path.glob("*.costmodel.json"))

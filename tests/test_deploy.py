@@ -106,6 +106,7 @@ def test_status_report_and_export_of_a_study(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'm.db'}"
     assert main(["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--storage", url,
                  "--study", "tiny-job", "-o", str(tmp_path / "plan.json")]) == 0
+    assert (tmp_path / "m.costmodel.json").is_file()  # the cost model is on by default, kept beside the store
     assert main(["report", "--study", "tiny-job", "--storage", url, "-o", str(tmp_path / "report")]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
     chosen = json.loads((tmp_path / "plan.json").read_text())["notes"]["chosen_as"]
