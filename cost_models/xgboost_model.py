@@ -9,6 +9,7 @@ a 10 ms region weigh alike and the order inside a frontier is what the fit prote
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -58,9 +59,16 @@ class XGBoostCostModel(CostModel):
     def save(self, path: str | Path) -> None:
         """The booster as XGBoost JSON, and beside it the feature version it expects."""
         path = Path(path)
-        self.booster.save_model(str(path))
-        path.with_suffix(".meta.json").write_text(json.dumps(
+        # Written aside, then renamed: workers of one search save at about the same time, and a
+        # reader must never meet half a file. (The ".json" ending keeps XGBoost's format.)
+        aside = path.with_name(f".{path.stem}.{os.getpid()}.json")
+        self.booster.save_model(str(aside))
+        os.replace(aside, path)
+        meta = path.with_suffix(".meta.json")
+        aside = meta.with_name(f".{meta.stem}.{os.getpid()}.json")
+        aside.write_text(json.dumps(
             {"feature_version": FEATURE_VERSION, "features": list(NAMES), "trained_on": self.trained_on}))
+        os.replace(aside, meta)
 
     @classmethod
     def load(cls, path: str | Path) -> XGBoostCostModel:
@@ -68,6 +76,8 @@ class XGBoostCostModel(CostModel):
 
         path = Path(path)
         meta = json.loads(path.with_suffix(".meta.json").read_text())
+        if not isinstance(meta, dict) or not {"feature_version", "trained_on"} <= meta.keys():
+            raise ValueError(f"{path.with_suffix('.meta.json')} is not a Partune cost model's description")
         if meta["feature_version"] != FEATURE_VERSION:
             raise ValueError(f"{path} was trained on feature version {meta['feature_version']}, "
                              f"this Partune computes version {FEATURE_VERSION}")

@@ -182,3 +182,23 @@ def test_cost_model_off_measures_everything_and_keeps_no_model(tmp_path):
     assert main(["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--storage", url,
                  "--cost-model", "off", "-o", str(tmp_path / "plan.json")]) == 0
     assert not list(tmp_path.glob("*.costmodel.json"))
+
+
+def test_an_unusable_default_cost_model_is_replaced_but_a_named_one_is_an_error(tmp_path, capsys):
+    from partune.cli import main
+    from partune.cost_models.features import FEATURE_VERSION
+    from partune.cost_models.xgboost_model import XGBoostCostModel
+    from tests.model_files import write_onnx
+
+    model = write_onnx(tmp_path / "tiny.onnx")
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    kept = tmp_path / "m.costmodel.json"
+    kept.write_text("{ half a file")
+    (tmp_path / "m.costmodel.meta.json").write_text(json.dumps({"feature_version": FEATURE_VERSION,
+                                                                "trained_on": 3}))
+    common = ["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--storage", url]
+    assert main([*common, "--cost-model", str(kept)]) == 2  # named: one line, exit 2
+    assert "cannot use cost model" in capsys.readouterr().err
+    assert main([*common, "-o", str(tmp_path / "plan.json")]) == 0  # auto: warned, and trained anew
+    assert "cannot be used" in capsys.readouterr().err
+    assert XGBoostCostModel.load(kept).trained_on > 0

@@ -137,12 +137,13 @@ def _prepare(args: argparse.Namespace) -> _Job:
     study = optuna.create_study(study_name=study_name, storage=store.storage, load_if_exists=True)
     if not args.worker:
         _job_started(study, args)
+    auto = args.cost_model == "auto"
     if args.cost_model == "off":
         args.cost_model = None
-    elif args.cost_model == "auto":
+    elif auto:
         args.cost_model = beside_store(args.storage, ".costmodel.json")
     return _Job(model, backends, tune_budget, deadline, pins, measure_timeout, store, study, peers,
-                previous_plan(store.storage, study_name), _load_cost_model(args.cost_model))
+                previous_plan(store.storage, study_name), _load_cost_model(args.cost_model, required=not auto))
 
 
 def _check_precision(args: argparse.Namespace, backends: list[str]) -> None:
@@ -343,8 +344,11 @@ class _Bars:
         return "time by phase: " + "; ".join(f"{name} {s:.1f} s" for name, s in self.spent.items())
 
 
-def _load_cost_model(path: str | None):
-    """The cost model at ``path`` (None when there is none yet: this run trains it)."""
+def _load_cost_model(path: str | None, required: bool = True):
+    """The cost model at ``path`` (None when there is none yet: this run trains it). One that
+    cannot be used is an error when the user named it; the default one (``auto``) is
+    replaced instead, with a warning: a Partune upgrade that changes the features must not
+    stop every later search."""
     if not path or not os.path.exists(path):
         return None
     from partune.core.errors import PartuneError
@@ -353,7 +357,11 @@ def _load_cost_model(path: str | None):
     try:
         return XGBoostCostModel.load(path)
     except (OSError, ValueError) as e:
-        raise PartuneError(f"cannot use cost model {path}: {e}") from None
+        if required:
+            raise PartuneError(f"cannot use cost model {path}: {e}") from None
+        print(f"partune: warning: cost model {path} cannot be used ({e}); this run measures every "
+              "candidate and trains a new one there", file=sys.stderr)
+        return None
 
 
 def _update_cost_model(path: str, cost_model, result, model) -> str:
