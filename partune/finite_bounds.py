@@ -40,6 +40,9 @@ def _rounded(exact: float, roundings: int = 1) -> float:
     grown = exact * (1 + 1e-15) * (1 + ULP) ** max(roundings - 1, 0)
     return min(grown * (1 + ULP), FLT_MAX) if grown < OVERFLOW else INF
 
+
+# Ops whose result is no larger than their (data) input: moves, selections, clamps, ReLU,
+# GELU and SiLU (|gelu(x)| <= |x|).
 _SAME = frozenset({
     "relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.flatten",
     "relax.broadcast_to", "relax.strided_slice", "relax.take", "relax.index_tensor",
@@ -51,7 +54,7 @@ _SAME = frozenset({
 # Averages: no larger than their inputs, but computed as sums, which may overflow first.
 _AVERAGES = frozenset({"relax.mean", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d"})
 _UNIT = frozenset({"relax.nn.softmax", "relax.sigmoid", "relax.tanh", "relax.erf", "relax.sin",
-                   "relax.cos", "relax.nn.softplus_unit"})
+                   "relax.cos"})
 _INT_MAX = {"bool": 1.0, "int8": 128.0, "uint8": 255.0, "int16": 2.0 ** 15, "uint16": 2.0 ** 16,
             "int32": 2.0 ** 31, "uint32": 2.0 ** 32, "int64": 2.0 ** 63, "uint64": 2.0 ** 64}
 
