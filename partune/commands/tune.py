@@ -15,6 +15,7 @@ from partune.commands.common import (
     parse_duration,
     parse_pins,
     previous_plan,
+    sqlite_file,
 )
 from partune.commands.summary import summarise
 
@@ -138,7 +139,9 @@ def _prepare(args: argparse.Namespace) -> _Job:
     if not args.worker:
         _job_started(study, args)
     auto = args.cost_model == "auto"
-    if args.cost_model == "off":
+    if args.cost_model == "off" or (auto and not sqlite_file(args.storage)):
+        # A shared (PostgreSQL) store has no "beside": its workers, on other machines, would each
+        # keep a model of their own. There, name a FILE every worker can read.
         args.cost_model = None
     elif auto:
         args.cost_model = beside_store(args.storage, ".costmodel.json")
