@@ -16,7 +16,7 @@ import tvm
 from tvm import relax
 
 from partune.core.keys import GRAPH_DIGITS, digest, node_key_parts
-from partune.core.tensors import tensor_types
+from partune.core.tensors import known_shape, tensor_types
 
 
 class OpKind(IntEnum):
@@ -55,17 +55,8 @@ def _short(op_name: str) -> str:
 
 
 
-def _shape(t: relax.TensorType) -> tuple[int, ...] | None:
-    if t.shape is None or not hasattr(t.shape, "values"):
-        return None
-    try:
-        return tuple(int(v) for v in t.shape.values)
-    except TypeError:  # symbolic dimension
-        return None
-
-
 def _nbytes(t: relax.TensorType) -> int:
-    shape = _shape(t)
+    shape = known_shape(t)
     if shape is None:
         return 0
     bits = tvm.runtime.DataType(t.dtype).bits if t.dtype else 32
@@ -121,22 +112,22 @@ def _kind(op: str, in_shapes: list, out_shapes: list) -> OpKind:
 
 
 def _flops(op: str, value: relax.Expr, in_types: list, out_types: list) -> int:
-    outs = [_shape(t) for t in out_types]
+    outs = [known_shape(t) for t in out_types]
     out_elems = sum(math.prod(s) for s in outs if s is not None)
     if op == "matmul" and len(in_types) == 2:
-        a = _shape(in_types[0])
+        a = known_shape(in_types[0])
         if a and outs and outs[0] is not None:
             return 2 * math.prod(outs[0]) * a[-1]
     if op in ("nn.conv2d", "nn.conv1d") and len(in_types) == 2:
-        w = _shape(in_types[1])  # OIHW
+        w = known_shape(in_types[1])  # OIHW
         if w and outs and outs[0] is not None:
             return 2 * math.prod(outs[0]) * math.prod(w[1:])
     if op in _ELEMWISE_OPS:
         return out_elems
     if op in _REDUCTION_OPS or op in ("nn.softmax", "nn.layer_norm", "nn.batch_norm"):
-        return sum(math.prod(_shape(t) or (0,)) for t in in_types[:1]) * (5 if op.startswith("nn.") else 1)
+        return sum(math.prod(known_shape(t) or (0,)) for t in in_types[:1]) * (5 if op.startswith("nn.") else 1)
     if op in ("nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d"):
-        return sum(math.prod(_shape(t) or (0,)) for t in in_types[:1])
+        return sum(math.prod(known_shape(t) or (0,)) for t in in_types[:1])
     return 0
 
 
@@ -286,8 +277,8 @@ class DataflowGraph:
             out_bytes = sum(_nbytes(t) for t in out_types)
             nodes.append(Node(
                 index=i, name=binding.var.name, op=op,
-                kind=_kind(op, [_shape(t) for t in in_types], [_shape(t) for t in out_types]),
-                inputs=inputs, shapes=tuple(_shape(t) for t in out_types),
+                kind=_kind(op, [known_shape(t) for t in in_types], [known_shape(t) for t in out_types]),
+                inputs=inputs, shapes=tuple(known_shape(t) for t in out_types),
                 dtypes=tuple(str(t.dtype) for t in out_types),
                 flops=_flops(op, value, in_types, out_types),
                 bytes=sum(_nbytes(t) for t in in_types) + out_bytes,

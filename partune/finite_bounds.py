@@ -22,6 +22,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from partune.core.tensors import known_shape
+
 INF = math.inf
 FLT_MAX = float(np.finfo(np.float32).max)
 OVERFLOW = 2.0 ** 128 - 2.0 ** 103  # an exact result this large rounds to infinity in f32
@@ -60,13 +62,13 @@ _INT_MAX = {"bool": 1.0, "int8": 128.0, "uint8": 255.0, "int16": 2.0 ** 15, "uin
 
 
 def _dims(expr: relax.Expr) -> list[int] | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return [int(v) for v in ty.shape.values]
-    except TypeError:
-        return None
+    shape = known_shape(expr.ty)
+    return None if shape is None else list(shape)
+
+
+def _op(expr: relax.Expr) -> str | None:
+    """The operator a call applies (None for anything else)."""
+    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else None
 
 
 def _dtype(expr: relax.Expr) -> str:
@@ -96,12 +98,10 @@ def _const_min_abs(expr: relax.Expr) -> float:
 class _Bounds:
     def __init__(self, func: relax.Function) -> None:
         self.of: dict[relax.Var, float] = {}
-        self.bindings: dict[relax.Var, relax.Expr] = {}
         for p in func.params:
             self.of[p] = _INT_MAX.get(_dtype(p), INF)
         for block in func.body.blocks:
             for b in block.bindings:
-                self.bindings[b.var] = b.value
                 self.of[b.var] = self.expr(b.value) if isinstance(b, relax.VarBinding) else INF
 
     def expr(self, e: relax.Expr) -> float:
@@ -113,7 +113,7 @@ class _Bounds:
             return max((self.expr(f) for f in e.fields), default=0.0)
         if isinstance(e, relax.TupleGetItem):
             return self.expr(e.tuple_value)
-        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+        if _op(e) is not None:
             if _dtype(e).startswith(("float", "bfloat")) and _dtype(e) != "float32":
                 return INF  # the bounds assume f32's range and rounding
             try:
@@ -207,7 +207,7 @@ class _SoftmaxGuards(relax.PyExprMutator):
         first argument, or None where the chain differs."""
         for name in names:
             value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
-            if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == name):
+            if _op(value) != name:
                 return None
             if name == "relax.max" and ([int(a) for a in value.attrs.axis or []] != [-1]):
                 return None
@@ -218,7 +218,7 @@ class _SoftmaxGuards(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.where"):
+        if _op(call) != "relax.where":
             return call
         guard, _, result = call.args
         x = self._chain(guard, "relax.logical_not", "relax.astype", "relax.max", "relax.astype",
@@ -233,7 +233,7 @@ class _SoftmaxGuards(relax.PyExprMutator):
             return True
         value = self.lookup_binding(x) if isinstance(x, relax.Var) else None
         dims = _dims(x)
-        if not (isinstance(value, relax.Call) and value.op.name == "relax.add") or dims is None:
+        if _op(value) != "relax.add" or dims is None:
             return False
         for s, mask in (value.args, value.args[::-1]):
             if isinstance(mask, tvm.ir.GenericConst) and never_infinite(self.bounds.get(s, INF)):
@@ -247,8 +247,7 @@ def drop_softmax_guards(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` without the softmax guards that can never fire (``_SoftmaxGuards``); the bounds
     (a pass over every weight) are only computed where there is a guard."""
     tests = (b.value for block in mod["main"].body.blocks for b in block.bindings)
-    if not any(isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.equal"
-               and _is_neg_inf(v.args[1]) for v in tests):
+    if not any(_op(v) == "relax.equal" and _is_neg_inf(v.args[1]) for v in tests):
         return mod
     mod = mod.clone() if hasattr(mod, "clone") else mod
     mod["main"] = _SoftmaxGuards(magnitude_bounds(mod["main"])).visit_expr(mod["main"])

@@ -21,6 +21,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from partune.core.tensors import known_shape
+
 MAX_ELEMENTS = 1 << 20  # a folded value larger than this stays computed (4 MiB of f32)
 
 # Ops with effects or with no meaning outside a VM: never evaluated ahead of time.
@@ -37,12 +39,8 @@ def _pure_op(value: relax.Expr) -> bool:
 
 def _elements(ty: object) -> int | None:
     """Elements of a statically shaped tensor type; None otherwise."""
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return int(np.prod([int(v) for v in ty.shape.values], dtype=np.int64))
-    except TypeError:  # a symbolic dimension
-        return None
+    shape = known_shape(ty)
+    return None if shape is None else int(np.prod(shape, dtype=np.int64))
 
 
 def _plan(func: relax.Function) -> tuple[list[relax.VarBinding], list[relax.Var]]:
@@ -82,10 +80,11 @@ def _evaluate(bindings: list[relax.VarBinding], wanted: list[relax.Var]) -> list
     """Values of ``wanted``, computing ``bindings`` (which read no input) with TVM."""
     bb = relax.BlockBuilder()
     emitted: dict[relax.Var, relax.Expr] = {}
+    rename = _Substitute(emitted)  # reads each var's new name as it is emitted
     with bb.function("main", []):
         with bb.dataflow():
             for b in bindings:
-                emitted[b.var] = bb.emit(_Substitute(emitted).visit_expr(b.value))
+                emitted[b.var] = bb.emit(rename.visit_expr(b.value))
             out = bb.emit_output(relax.Tuple([emitted[v] for v in wanted]))
         bb.emit_func_output(out)
     ex = tvm.compile(bb.get(), target="llvm")
