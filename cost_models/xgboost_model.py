@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -59,16 +60,9 @@ class XGBoostCostModel(CostModel):
     def save(self, path: str | Path) -> None:
         """The booster as XGBoost JSON, and beside it the feature version it expects."""
         path = Path(path)
-        # Written aside, then renamed: workers of one search save at about the same time, and a
-        # reader must never meet half a file. (The ".json" ending keeps XGBoost's format.)
-        aside = path.with_name(f".{path.stem}.{os.getpid()}.json")
-        self.booster.save_model(str(aside))
-        os.replace(aside, path)
-        meta = path.with_suffix(".meta.json")
-        aside = meta.with_name(f".{meta.stem}.{os.getpid()}.json")
-        aside.write_text(json.dumps(
-            {"feature_version": FEATURE_VERSION, "features": list(NAMES), "trained_on": self.trained_on}))
-        os.replace(aside, meta)
+        _write_whole(path, lambda aside: self.booster.save_model(str(aside)))
+        meta = {"feature_version": FEATURE_VERSION, "features": list(NAMES), "trained_on": self.trained_on}
+        _write_whole(path.with_suffix(".meta.json"), lambda aside: aside.write_text(json.dumps(meta)))
 
     @classmethod
     def load(cls, path: str | Path) -> XGBoostCostModel:
@@ -84,3 +78,12 @@ class XGBoostCostModel(CostModel):
         booster = xgb.Booster()
         booster.load_model(str(path))
         return cls(booster, meta["trained_on"])
+
+
+def _write_whole(path: Path, write: Callable[[Path], object]) -> None:
+    """``write`` a file aside, then rename it to ``path``: the workers of one search save at about
+    the same time, and a reader must never meet half a file. (The aside name ends in ".json",
+    which keeps XGBoost's format.)"""
+    aside = path.with_name(f".{path.stem}.{os.getpid()}.json")
+    write(aside)
+    os.replace(aside, path)
