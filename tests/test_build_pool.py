@@ -186,3 +186,33 @@ def test_lookahead_without_a_pool_only_makes_requests():
 def test_no_pool_without_a_spare_core(tmp_path):
     assert not BuildPool(str(tmp_path), workers=1, cpus=[]).enabled
     assert not BuildPool(str(tmp_path), workers=0).enabled
+
+
+def test_lookahead_bounds_what_it_holds_by_size():
+    """Requests carry their region's weights: keys are made ahead only while what is held stays
+    under ``max_bytes``, and every key is still served (built ahead or not)."""
+    class Pool:
+        enabled, cache_dir, timeout_s = True, "/nonexistent", 0.0
+
+        def __init__(self):
+            self.queued: list[str] = []
+
+        def prefetch(self, requests):
+            self.queued += [r.function for r in requests]
+
+        def wait(self, request, timeout_s):
+            return True
+
+    sizes = {"a": 10, "b": 10, "big1": 100, "big2": 100, "c": 10, "d": 10}
+    scope = scope_of("onnxruntime")
+    pool = Pool()
+    ahead = Lookahead(pool, list(sizes), lambda k: RegionRequest("onnxruntime", scope, "x" * sizes[k], k),
+                      window=8, max_bytes=120)
+    served = []
+    for key in sizes:
+        held = sum(len(r.module) for r in ahead._made.values())
+        served.append(ahead.request(key).function)
+        assert held <= 120 + 100  # the bound, plus at most the one request that crossed it
+    assert served == list(sizes)
+    assert pool.queued[:3] == ["b", "big1", "big2"]  # a's turn: b (10), big1 (110), big2 crosses 120
+    assert len(pool.queued) == len(set(pool.queued)) < len(sizes)  # each once; the first one on demand
