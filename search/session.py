@@ -43,12 +43,16 @@ from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from partune.search.precision import budgeted, overran, repair
 from partune.search.pruning import features, prune
 from partune.search.refine import refine
+from partune.search.options import TuneOptions
 from partune.search.result import Counts, Progress, TuneResult
 from partune.store.measurements import POLL_S, MeasurementStore
 
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
 CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
 PLAN_PROTOCOL = {"warmup": 2, "warmup_ms": 100.0, "repeat": 11, "min_repeat_ms": 50.0}
+# A native-only plan whose measured regions add up to this many times the fastest plan timed is
+# not timed: untuned TVM ran a BERT-768 in 5.9 s (27 ms the best), 83 s of a 10-minute search.
+HOPELESS = 10.0
 BORDER_ROUNDS = 3  # DP proposals refined by learned border costs, each measured end to end
 MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regions
 # With a cost model, an unmeasured candidate enters the DP at this share of its predicted
@@ -59,28 +63,6 @@ OPTIMISM = 0.8
 # to the store's POLL_S: what another worker is measuring usually lands within a second, and
 # a worker that slept POLL_S before each look would trail it by seconds at every such wait.
 FIRST_POLL_S = 0.05
-
-
-@dataclass
-class TuneOptions:
-    """How a search runs; see ``partune.search.tune.tune`` for what each one does."""
-
-    threads: int = 1
-    pins: dict[int, SEScope] | None = None
-    deadline: float | None = None  # ``time.monotonic``: candidate measuring and refinement stop
-    progress: Progress | None = None
-    peers: tuple[str, ...] = DEFAULT_PEERS
-    refine_trials: int = 0
-    previous: Plan | None = None  # what an earlier run of the same job emitted: it competes again
-    cost_model: CostModel | None = None
-    memory: bool = False
-    worker_only: bool = False
-    tune_budget_s: float = 0.0
-    tune_trials: int = 32
-    build_pool: BuildPool | None = None
-    precision: str = "f32"  # "bf16": regions may compute in bf16 where a backend can (``search.precision``)
-    tolerance: float | None = None  # with bf16: the largest relative error a plan may have
-    one_thread_regions: bool = True  # on many threads, library regions may run on one (``SEScope.threads``)
 
 
 class SearchSession:
@@ -355,6 +337,7 @@ class SearchSession:
         if "bf16" in self.config.precisions and (f32 := self.dp(set(self.backends), precisions=("f32",))):
             self.offer("partune dp (f32)", f32[1])  # what the DP takes without bf16: never emitted slower
         self.second_opinions()
+        proposed = dict(self.result.plans)
         for b in self.backends:
             if b not in self.autotuned:  # all of a model tuned as one region: not what tuning is budgeted for
                 for precision, threads in self.config.variants:
@@ -364,9 +347,29 @@ class SearchSession:
                                    backend_plan(self.model.name, self.mod, self.graph, self.config, b, precision,
                                                 threads), always=True)
         self.progress.start_phase("measure plans end to end", len(self.result.plans) + BORDER_ROUNDS)
-        self.end_to_end_all(dict(self.result.plans))
+        self.end_to_end_all(proposed)
+        self.end_to_end_all(self.worth_timing({label: plan for label, plan in self.result.plans.items()
+                                               if label not in proposed}))
         if "partune dp" in self.result.plans and overran(self.result.end_to_end["partune dp"]):
             repair(self, self.result.plans["partune dp"], "partune dp")
+
+    def worth_timing(self, plans: dict[str, Plan]) -> dict[str, Plan]:
+        """``plans`` less the native-only one where its measured regions add up to ``HOPELESS``
+        times the fastest plan timed: that one is recorded as not measured."""
+        native = self.config.default
+        best = min((m.cost_s for m in self.result.end_to_end.values() if m.ok), default=float("inf"))
+        worth = {}
+        for label, plan in plans.items():
+            found = (self.dp({native.backend}, precisions=(native.compute_precision,))
+                     if best < float("inf") and all(r.scope == native for r in plan.regions) else None)
+            if found is None or found[0].cost_s <= HOPELESS * best:
+                worth[label] = plan
+                continue
+            self.result.end_to_end[label] = Measurement.failed(
+                f"not measured: its regions add up to {found[0].cost_s * 1e3:.1f} ms, {found[0].cost_s / best:.0f}x "
+                "the fastest plan timed")
+            self.progress.advance(f"{label}: not measured")
+        return worth
 
     # -- border costs -----------------------------------------------------------------
 

@@ -46,7 +46,8 @@ def summarise(result, model) -> str:
             lines.append(f"| {label:<36} | {m.cost_s * 1e3:9.3f} | {m.median_s * 1e3:9.3f} | {m.cost_s / best:9.2f} |"
                          + (f"  error {m.rel_error:.1e} vs f32" if m.rel_error is not None else ""))
         else:
-            lines.append(f"| {label:<36} | {'failed':>9} | {'-':>9} | {'-':>9} |  {clean_error(m.error or '')}")
+            status = 'skipped' if (m.error or '').startswith('not measured') else 'failed'
+            lines.append(f"| {label:<36} | {status:>9} | {'-':>9} | {'-':>9} |  {clean_error(m.error or '')}")
     lines.extend(_verdict_lines(result))
     lines.append("")
     if (error := plan.notes.get("rel_error")) is not None:

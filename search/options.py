@@ -1,0 +1,34 @@
+"""How one search runs: the options ``partune.search.tune.tune`` passes to a ``SearchSession``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from partune.core.plan import Plan
+from partune.core.scopes import SEScope
+from partune.cost_models.base import CostModel
+from partune.runners.build_pool import BuildPool
+from partune.runners.peers import DEFAULT_PEERS
+from partune.search.result import Progress
+
+
+@dataclass
+class TuneOptions:
+    """How a search runs; see ``partune.search.tune.tune`` for what each one does."""
+
+    threads: int = 1
+    pins: dict[int, SEScope] | None = None
+    deadline: float | None = None  # ``time.monotonic``: candidate measuring and refinement stop
+    progress: Progress | None = None
+    peers: tuple[str, ...] = DEFAULT_PEERS
+    refine_trials: int = 0
+    previous: Plan | None = None  # what an earlier run of the same job emitted: it competes again
+    cost_model: CostModel | None = None
+    memory: bool = False
+    worker_only: bool = False
+    tune_budget_s: float = 0.0
+    tune_trials: int = 32
+    build_pool: BuildPool | None = None
+    precision: str = "f32"  # "bf16": regions may compute in bf16 where a backend can (``search.precision``)
+    tolerance: float | None = None  # with bf16: the largest relative error a plan may have
+    one_thread_regions: bool = True  # on many threads, library regions may run on one (``SEScope.threads``)
