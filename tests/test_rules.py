@@ -114,6 +114,32 @@ def test_interval_rule_proposes_whole_blocks():
     assert (0, 1, 2, 3) in got and (5, 6, 7) in got and all(4 not in s for s in got)
 
 
+
+@pytest.mark.parametrize("shared_rows,cuts_between_blocks", [(128, False), (1, True)])
+def test_a_small_value_every_block_reads_does_not_hide_the_blocks(shared_rows, cuts_between_blocks):
+    """An attention mask that every layer reads is live across the whole model: counted, it left
+    BERT with 6 cut points at any depth. A value far under the median one is not counted; one
+    as large as the blocks' own still is."""
+    from tvm import relax
+
+    from partune.search.rules import cut_points
+
+    x = relax.Var("x", relax.TensorType((1, 128, 64), "float32"))
+    m = relax.Var("m", relax.TensorType((1, shared_rows, 64), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, m]):
+        with bb.dataflow():
+            shared = bb.emit(relax.op.nn.relu(m))
+            h = x
+            for _ in range(3):
+                h = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(h, shared))))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    g = DataflowGraph.from_function(bb.get()["main"])
+    block_ends = [2, 4]  # after the first and the second block's relu
+    assert all(p in cut_points(g) for p in block_ends) == cuts_between_blocks
+
+
 def test_pins_drop_incompatible_candidates(tmp_path):
     from partune.core.scopes import CompilationConfig, SEScope
     from partune.models import load
