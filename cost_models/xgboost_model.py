@@ -61,8 +61,7 @@ class XGBoostCostModel(CostModel):
         """The booster as XGBoost JSON, and beside it the feature version it expects."""
         path = Path(path)
         _write_whole(path, lambda aside: self.booster.save_model(str(aside)))
-        meta = {"feature_version": FEATURE_VERSION, "features": list(NAMES), "trained_on": self.trained_on}
-        _write_whole(path.with_suffix(".meta.json"), lambda aside: aside.write_text(json.dumps(meta)))
+        _write_whole(path.with_suffix(".meta.json"), lambda aside: aside.write_text(json.dumps(self._meta())))
 
     @classmethod
     def load(cls, path: str | Path) -> XGBoostCostModel:
@@ -70,14 +69,39 @@ class XGBoostCostModel(CostModel):
 
         path = Path(path)
         meta = json.loads(path.with_suffix(".meta.json").read_text())
-        if not isinstance(meta, dict) or not {"feature_version", "trained_on"} <= meta.keys():
-            raise ValueError(f"{path.with_suffix('.meta.json')} is not a Partune cost model's description")
-        if meta["feature_version"] != FEATURE_VERSION:
-            raise ValueError(f"{path} was trained on feature version {meta['feature_version']}, "
-                             f"this Partune computes version {FEATURE_VERSION}")
+        _check(meta, path.with_suffix(".meta.json"))
         booster = xgb.Booster()
         booster.load_model(str(path))
         return cls(booster, meta["trained_on"])
+
+    def to_text(self) -> str:
+        """The model as one JSON text (its description and the booster's XGBoost JSON), for a
+        storage that keeps it (``partune.cost_models.storage_kept``)."""
+        return json.dumps({"meta": self._meta(), "booster": bytes(self.booster.save_raw("json")).decode()})
+
+    @classmethod
+    def from_text(cls, text: str, where: str) -> XGBoostCostModel:
+        import xgboost as xgb
+
+        doc = json.loads(text)
+        if not isinstance(doc, dict) or not {"meta", "booster"} <= doc.keys():
+            raise ValueError(f"{where} holds no Partune cost model")
+        _check(doc["meta"], where)
+        booster = xgb.Booster()
+        booster.load_model(bytearray(doc["booster"].encode()))
+        return cls(booster, doc["meta"]["trained_on"])
+
+    def _meta(self) -> dict:
+        return {"feature_version": FEATURE_VERSION, "features": list(NAMES), "trained_on": self.trained_on}
+
+
+def _check(meta, where) -> None:
+    """A description this Partune can use: its keys there, and features of this version."""
+    if not isinstance(meta, dict) or not {"feature_version", "trained_on"} <= meta.keys():
+        raise ValueError(f"{where} is not a Partune cost model's description")
+    if meta["feature_version"] != FEATURE_VERSION:
+        raise ValueError(f"{where} was trained on feature version {meta['feature_version']}, "
+                         f"this Partune computes version {FEATURE_VERSION}")
 
 
 def _write_whole(path: Path, write: Callable[[Path], object]) -> None:

@@ -120,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MetaSchedule trials per tuned region (default 32)")
     t.add_argument("--cost-model", metavar="auto|FILE|off", default="auto",
                    help="rank candidates with an XGBoost cost model so fewer are measured. auto (the "
-                        "default): the one kept beside an SQLite storage (PLAN_DB.costmodel.json; with "
-                        "PostgreSQL, off: name a FILE all workers read instead); FILE: that one (see `partune costmodel eval "
+                        "default): the one kept beside an SQLite storage (PLAN_DB.costmodel.json; in a "
+                        "PostgreSQL storage, inside it, shared by its workers); FILE: that one (see `partune costmodel eval "
                         "--save`); off: measure every candidate. Of the candidates not yet stored, the "
                         "one it predicts cheapest at each DP frontier (the candidates starting at one "
                         "node) is measured up front, plus 5%% of all the others drawn at random; the "

@@ -202,3 +202,29 @@ def test_an_unusable_default_cost_model_is_replaced_but_a_named_one_is_an_error(
     assert main([*common, "-o", str(tmp_path / "plan.json")]) == 0  # auto: warned, and trained anew
     assert "cannot be used" in capsys.readouterr().err
     assert XGBoostCostModel.load(kept).trained_on > 0
+
+
+def test_postgres_storage_keeps_the_default_cost_model_for_its_workers(tmp_path, postgres_url, capsys, monkeypatch):
+    """A shared storage has no "beside": the default model is kept inside it, where every worker
+    of a fleet reads it and adds to it; nothing is left in the working directory. One that this
+    Partune cannot read is replaced with a warning, as beside an SQLite store."""
+    import optuna
+
+    from partune.cli import main
+    from partune.cost_models.storage_kept import ATTR, STUDY, StorageKeptModel
+    from partune.store.measurements import with_driver
+    from tests.model_files import write_onnx
+
+    monkeypatch.chdir(tmp_path)
+    model = write_onnx(tmp_path / "tiny.onnx")
+    common = ["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--storage", postgres_url,
+              "-o", str(tmp_path / "plan.json")]
+    kept = StorageKeptModel(optuna.storages.RDBStorage(with_driver(postgres_url)), postgres_url)
+    optuna.create_study(study_name=STUDY, storage=kept.storage).set_user_attr(ATTR, "{ half a model")
+    assert main(common) == 0  # unreadable: warned, every candidate measured, and a new one kept
+    assert "cannot be used" in capsys.readouterr().err
+    first = kept.load()
+    assert first is not None and first.trained_on > 0
+    assert main(common) == 0  # the next run (any worker's) reads it
+    assert f"{kept}: nothing new to learn" in capsys.readouterr().out  # it was read: all is stored
+    assert not list(tmp_path.glob("*.costmodel*"))
