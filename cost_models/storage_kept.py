@@ -29,9 +29,6 @@ class StorageKeptModel:
     def _study(self) -> optuna.Study:
         return optuna.create_study(study_name=STUDY, storage=self.storage, load_if_exists=True)
 
-    def exists(self) -> bool:
-        return ATTR in self._study().user_attrs
-
     def load(self) -> XGBoostCostModel | None:
         """The model, or None where none was kept yet (ValueError: one this Partune cannot use)."""
         text = self._study().user_attrs.get(ATTR)
