@@ -185,7 +185,10 @@ def test_the_search_never_emits_a_plan_over_budget(tolerance):
         assert bf16_only.ok
         assert plan.notes.get("rel_error", 0.0) <= tolerance
         assert plan.notes["rel_errors"]["openvino-only (bf16)"] == bf16_only.rel_error  # kept for the tables
-    assert "partune dp (f32)" in result.end_to_end  # the f32 plan always competes
+    # The DP's all-f32 plan always competes: as "partune dp (f32)", or as "partune dp" itself where
+    # the DP took no bf16 region (on a host where bf16 is no faster for these tiny regions).
+    assert [label for label in result.end_to_end
+            if label.startswith("partune dp") and not has_bf16(result.plans[label])]
     # OpenVINO in bf16 is a peer too, with its error; over the budget, it is no bar to beat.
     verdict = result.verdict
     peer = "openvino bf16 (Relax-to-ONNX export)"
