@@ -200,11 +200,11 @@ def fold_onnx_shapes(proto):
     shape inference and constant folding turn them into constants, so Relax sees static
     shapes. A model onnxslim cannot process is imported as it is.
 
-    onnxslim runs ONNX shape inference up to ten times, each on a serialised copy of the
+    onnxslim runs ONNX shape inference once a round, each time on a serialised copy of the
     whole model; its weights made that most of a large model's import (BERT-base width, 6
     layers: 27 s of 33 s). Shape inference reads only their shapes, so it is given the
-    model with the large float weights' data left out (``_shape_infer_without_weights``):
-    the folded model is the same (checked on the benchmark's exports, both exporters).
+    model with the large weights' data left out (``_shape_infer_without_weights``): the
+    folded model is the same (checked on the benchmark's exports, both exporters).
 
     onnxslim stops after 10 rounds by default, converged or not; a deep model's later layers
     then keep patterns its first ones lost (BERT at 6 layers: four layers of one form, two of
@@ -234,12 +234,12 @@ def fold_onnx_shapes(proto):
 SLIM_ROUNDS = 1000  # onnxslim's rounds stop once a round changes nothing: a bound, not a count
 
 
-_WEIGHT_BYTES = 1 << 16  # float tensors this large are weights, never shape data
+_WEIGHT_BYTES = 1 << 16  # tensors this large are weights, not shape data (int64/int32 ones are kept whole)
 
 
 def _shape_infer_without_weights(infer):
-    """``infer`` (model -> model with shapes) run on a copy whose large float initializers carry
-    their name, type and dimensions but no data; the shapes it finds are put on the model."""
+    """``infer`` (model -> model with shapes) run on a copy whose large initializers carry their
+    name, type and dimensions but no data; the shapes it finds are put on the model."""
     import onnx
     from onnx import helper
 
