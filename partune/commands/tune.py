@@ -138,16 +138,20 @@ def _prepare(args: argparse.Namespace) -> _Job:
     study = optuna.create_study(study_name=study_name, storage=store.storage, load_if_exists=True)
     if not args.worker:
         _job_started(study, args)
+    from partune.cost_models.file_kept import FileKeptModel
+
     auto = args.cost_model == "auto"
     if args.cost_model == "off" or (auto and args.storage in ("memory", "sqlite:///:memory:")):
         args.cost_model = None
     elif auto and sqlite_file(args.storage):
-        args.cost_model = beside_store(args.storage, ".costmodel.json")
+        args.cost_model = FileKeptModel(beside_store(args.storage, ".costmodel.json"))
     elif auto:  # a shared (PostgreSQL) store has no "beside": its workers share the one kept in it
         from partune.cost_models.storage_kept import StorageKeptModel
         from partune.store.measurements import shown
 
         args.cost_model = StorageKeptModel(store.storage, shown(args.storage))
+    else:
+        args.cost_model = FileKeptModel(args.cost_model)
     return _Job(model, backends, tune_budget, deadline, pins, measure_timeout, store, study, peers,
                 previous_plan(store.storage, study_name), _load_cost_model(args.cost_model, required=not auto))
 
@@ -350,29 +354,26 @@ class _Bars:
         return "time by phase: " + "; ".join(f"{name} {s:.1f} s" for name, s in self.spent.items())
 
 
-def _load_cost_model(path, required: bool = True):
-    """The cost model at ``path`` (a file, or a ``StorageKeptModel``; None when there is none yet:
-    this run trains it). One that cannot be used is an error when the user named it; the
-    default one (``auto``) is replaced instead, with a warning: a Partune upgrade that changes
-    the features must not stop every later search."""
+def _load_cost_model(kept, required: bool = True):
+    """The cost model where ``kept`` keeps it (a ``FileKeptModel`` or a ``StorageKeptModel``; None
+    when there is none yet: this run trains it). One that cannot be used is an error when the
+    user named it; the default one (``auto``) is replaced instead, with a warning: a Partune
+    upgrade that changes the features must not stop every later search."""
     from partune.core.errors import PartuneError
-    from partune.cost_models.xgboost_model import XGBoostCostModel
 
+    if kept is None:
+        return None
     try:
-        if path is not None and not isinstance(path, str):
-            return path.load()
-        if not path or not os.path.exists(path):
-            return None
-        return XGBoostCostModel.load(path)
+        return kept.load()
     except (OSError, ValueError) as e:
         if required:
-            raise PartuneError(f"cannot use {_named(path)}: {e}") from None
-        print(f"partune: warning: {_named(path)} cannot be used ({e}); this run measures every "
+            raise PartuneError(f"cannot use {kept}: {e}") from None
+        print(f"partune: warning: {kept} cannot be used ({e}); this run measures every "
               "candidate and trains a new one there", file=sys.stderr)
         return None
 
 
-def _update_cost_model(path: str, cost_model, result, model) -> str:
+def _update_cost_model(kept, cost_model, result, model) -> str:
     """Train on what this run measured (continuing from the loaded model) and save."""
     import numpy as np
 
@@ -381,26 +382,14 @@ def _update_cost_model(path: str, cost_model, result, model) -> str:
 
     done = [(c, m) for c, m in result.trained if m.ok]
     if result.cost_model is not None:  # it learned this run's candidates during the search
-        _save(result.cost_model, path)
-        return (f"cost model: {result.counts.skipped} candidates not measured (ranked out); {path} updated "
+        kept.save(result.cost_model)
+        return (f"cost model: {result.counts.skipped} candidates not measured (ranked out); {kept} updated "
                 f"in-run with this model's measurements")
     if not done:
-        return f"{_named(path)}: nothing new to learn"
+        return f"{kept}: nothing new to learn"
     x = np.stack([featurize(model.graph, c.subgraph.nodes, c.backend) for c, _ in done])
     y = np.array([m.cost_s for _, m in done])
     updated = (cost_model or XGBoostCostModel()).update(x, y)
-    _save(updated, path)
+    kept.save(updated)
     return (f"cost model: {result.counts.skipped} candidates not measured (ranked out); "
-            f"{path} updated with {len(done)} measurements")
-
-
-def _named(path) -> str:
-    return f"cost model {path}" if isinstance(path, str) else str(path)
-
-
-def _save(cost_model, path) -> None:
-    """Into its file, or into the storage that keeps it."""
-    if isinstance(path, str):
-        cost_model.save(path)
-    else:
-        path.save(cost_model)
+            f"{kept} updated with {len(done)} measurements")
