@@ -54,6 +54,7 @@ PLAN_PROTOCOL = {"warmup": 2, "warmup_ms": 100.0, "repeat": 11, "min_repeat_ms":
 # A native-only plan whose measured regions add up to this many times the fastest plan timed is
 # not timed: untuned TVM ran a BERT-768 in 5.9 s (27 ms the best), 83 s of a 10-minute search.
 HOPELESS = 10.0
+NOT_MEASURED = "not measured"  # how such a plan's measurement begins (the summary shows it as skipped)
 BORDER_ROUNDS = 3  # DP proposals refined by learned border costs, each measured end to end
 MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regions
 # With a cost model, an unmeasured candidate enters the DP at this share of its predicted
@@ -360,18 +361,17 @@ class SearchSession:
         times the fastest plan timed: that one is recorded as not measured."""
         native = self.config.default
         best = min((m.cost_s for m in self.result.end_to_end.values() if m.ok), default=float("inf"))
-        worth = {}
-        for label, plan in plans.items():
-            found = (self.dp({native.backend}, precisions=(native.compute_precision,))
-                     if best < float("inf") and all(r.scope == native for r in plan.regions) else None)
-            if found is None or found[0].cost_s <= HOPELESS * best:
-                worth[label] = plan
-                continue
+        natives = [label for label, plan in plans.items() if all(r.scope == native for r in plan.regions)]
+        found = (self.dp({native.backend}, precisions=(native.compute_precision,))
+                 if natives and best < float("inf") else None)
+        if found is None or found[0].cost_s <= HOPELESS * best:
+            return plans
+        for label in natives:
             self.result.end_to_end[label] = Measurement.failed(
-                f"not measured: its regions add up to {found[0].cost_s * 1e3:.1f} ms, {found[0].cost_s / best:.0f}x "
-                "the fastest plan timed")
-            self.progress.advance(f"{label}: not measured")
-        return worth
+                f"{NOT_MEASURED}: its regions add up to {found[0].cost_s * 1e3:.1f} ms, "
+                f"{found[0].cost_s / best:.0f}x the fastest plan timed")
+            self.progress.advance(f"{label}: {NOT_MEASURED}")
+        return {label: plan for label, plan in plans.items() if label not in natives}
 
     # -- border costs -----------------------------------------------------------------
 

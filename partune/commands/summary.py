@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from partune.core.errors import clean_error
+from partune.search.session import NOT_MEASURED
 
 NOISE = 0.03  # ratios closer to 1 than this are ties: run-to-run noise of interleaved medians
 
@@ -46,7 +47,7 @@ def summarise(result, model) -> str:
             lines.append(f"| {label:<36} | {m.cost_s * 1e3:9.3f} | {m.median_s * 1e3:9.3f} | {m.cost_s / best:9.2f} |"
                          + (f"  error {m.rel_error:.1e} vs f32" if m.rel_error is not None else ""))
         else:
-            status = 'skipped' if (m.error or '').startswith('not measured') else 'failed'
+            status = "skipped" if (m.error or "").startswith(NOT_MEASURED) else "failed"
             lines.append(f"| {label:<36} | {status:>9} | {'-':>9} | {'-':>9} |  {clean_error(m.error or '')}")
     lines.extend(_verdict_lines(result))
     lines.append("")
