@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import tvm
@@ -163,22 +164,31 @@ def tune_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...]
     return TuneRequest(req.backend, req.scope, req.module, req.function, trials, timeout_s)
 
 
-def plan_request(module_json: str, plan: Plan, inputs: list[np.ndarray],
+def plan_request(model: str | Path, plan: Plan, inputs: list[np.ndarray],
                  protocol: dict | None = None, fresh: bool = False) -> PlanRequest:
-    """A request to build and time the whole model (``tvm.ir.save_json`` text) under ``plan``.
+    """A request to build and time the whole model under ``plan``: ``model`` is its
+    ``tvm.ir.save_json`` text, or a file holding it (``partune.runners.module_file``).
 
     ``fresh``: measure in a new worker process, so the peak memory reported is this
     plan's alone (a local runner restarts its worker; slower by the worker's start-up).
     """
-    return PlanRequest(module_json, plan, tuple(encode_array(a) for a in inputs),
-                       Protocol(**(protocol or {})), fresh)
+    text, file = _module_fields(model)
+    return PlanRequest(text, plan, tuple(encode_array(a) for a in inputs), Protocol(**(protocol or {})), fresh,
+                       module_file=file)
 
 
-def compare_request(module_json: str, plans: dict[str, Plan], peers: dict[str, dict],
+def compare_request(model: str | Path, plans: dict[str, Plan], peers: dict[str, dict],
                     inputs: list[np.ndarray], rounds: int = 5) -> CompareRequest:
-    """A request to time plans and peers (``partune.runners.peers`` specs) in one process, interleaved."""
+    """A request to time plans and peers (``partune.runners.peers`` specs) in one process,
+    interleaved; ``model`` as for ``plan_request``."""
+    text, file = _module_fields(model)
     contenders: dict[str, Plan | dict] = {**plans, **peers}
-    return CompareRequest(module_json, contenders, tuple(encode_array(a) for a in inputs), rounds)
+    return CompareRequest(text, contenders, tuple(encode_array(a) for a in inputs), rounds, module_file=file)
+
+
+def _module_fields(model: str | Path) -> tuple[str, str | None]:
+    """A request's ``module`` and ``module_file``: the text, or "" and the file."""
+    return ("", str(model)) if isinstance(model, Path) else (model, None)
 
 
 def calibration_module() -> tvm.IRModule:

@@ -146,7 +146,8 @@ class TuneRequest(_Message):
 
 @dataclass(frozen=True)
 class PlanRequest(_Message):
-    """Build the whole model (``module``, TVM JSON) under ``plan`` and time it end to end.
+    """Build the whole model (``module``, TVM JSON, or ``module_file``) under ``plan`` and time it
+    end to end.
 
     ``fresh``: in a new worker process, so the peak memory reported is this plan's alone.
     """
@@ -159,6 +160,7 @@ class PlanRequest(_Message):
     inputs: tuple[str, ...]
     protocol: Protocol = field(default_factory=Protocol)
     fresh: bool = False
+    module_file: str | None = None  # a local worker reads the model here (``module`` is then "")
     threads: int = 1
     settings: Settings | None = None  # None: as the process that handles it has them
 
@@ -173,6 +175,7 @@ class CompareRequest(_Message):
     contenders: dict[str, Plan | dict[str, Any]]
     inputs: tuple[str, ...]
     rounds: int = 5
+    module_file: str | None = None  # a local worker reads the model here (``module`` is then "")
     threads: int = 1
     settings: Settings | None = None  # None: as the process that handles it has them
 

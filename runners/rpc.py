@@ -14,6 +14,7 @@ import time
 
 from partune.core.errors import PartuneError, last_line
 from partune.core.keys import FINGERPRINT_DIGITS, digest
+from partune.runners import module_file
 from partune.runners.protocol import ErrorReply, Reply, Request, reply_from_json
 from partune.runners.runner import Runner
 
@@ -69,8 +70,8 @@ class RPCRunner(Runner):
         whichever server the tracker hands out next: a lost device costs time, not a
         candidate. A request that breaks every time is a failure of its own (a kernel that
         kills the server that runs it costs that one candidate); one that timed out is not
-        tried again."""
-        request = self.addressed(request)
+        tried again. A model that a local worker would read from a file travels as text."""
+        request = module_file.inlined(self.addressed(request))
         text = json.dumps(request.to_json())
         why = ""
         for attempt in range(self.attempts):

@@ -9,7 +9,9 @@ never the search that sent it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import os
 import sys
 import time
 import traceback
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from partune.core.errors import last_line
-from partune.runners import accuracy, memory
+from partune.runners import accuracy, memory, module_file
 from partune.runners.protocol import (
     BuildInfo,
     BuildReply,
@@ -116,13 +118,11 @@ def measure_region(req: RegionRequest) -> MeasurementReply:
 def measure_plan(req: PlanRequest) -> MeasurementReply:
     """Build a whole model under a plan and time it end to end; a plan with bf16 regions
     is also run beside its f32 twin, and its error recorded (``partune.runners.accuracy``)."""
-    import tvm
-
     from partune.backends import registry
     from partune.core.graph import DataflowGraph
 
     registry.set_threads(req.threads)
-    mod = tvm.ir.load_json(req.module)
+    mod = module_file.load(req)
     plan = req.plan
     graph = DataflowGraph.from_function(mod["main"])
     inputs = [decode_array(a) for a in req.inputs]
@@ -218,13 +218,23 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
 class _Comparison:
     """The comparison this process takes part in (one at a time): the model, its inputs and
     the contenders built so far. A worker that times one contender of an isolated comparison
-    (``partune.runners.isolated``) round after round loads and builds all of it once. Any
-    other request ends the comparison (``handle``): what it built is released."""
+    (``partune.runners.isolated``) round after round loads and builds all of it once; one that
+    times a peer alone never loads the model's graph. Any other request ends the comparison
+    (``handle``): what it built is released."""
 
-    mod: Any
-    graph: Any
+    request: CompareRequest
     inputs: list
     built: dict[str, Callable[[], object]] = dataclasses.field(default_factory=dict)
+
+    @functools.cached_property
+    def mod(self) -> Any:
+        return module_file.load(self.request)
+
+    @functools.cached_property
+    def graph(self) -> Any:
+        from partune.core.graph import DataflowGraph
+
+        return DataflowGraph.from_function(self.mod["main"])
 
 
 _CURRENT: dict[str, _Comparison] = {}
@@ -233,16 +243,11 @@ _CURRENT: dict[str, _Comparison] = {}
 def _context_for(req: CompareRequest) -> _Comparison:
     import hashlib
 
-    import tvm
-
-    from partune.core.graph import DataflowGraph
-
-    of = hashlib.sha256(f"{req.module}{req.inputs}{req.threads}".encode()).hexdigest()
+    model = req.module if req.module_file is None else f"{req.module_file}{os.stat(req.module_file)}"
+    of = hashlib.sha256(f"{model}{req.inputs}{req.threads}".encode()).hexdigest()
     if of not in _CURRENT:
         _CURRENT.clear()
-        mod = tvm.ir.load_json(req.module)
-        _CURRENT[of] = _Comparison(mod, DataflowGraph.from_function(mod["main"]),
-                                   [decode_array(a) for a in req.inputs])
+        _CURRENT[of] = _Comparison(req, [decode_array(a) for a in req.inputs])
     return _CURRENT[of]
 
 

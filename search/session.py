@@ -16,9 +16,11 @@ and a finished one, run again, measures nothing.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import tvm
@@ -31,6 +33,7 @@ from partune.core.plan import Plan, Region
 from partune.core.scopes import CompilationConfig, SEScope
 from partune.cost_models.base import CostModel
 from partune.cost_models.borders import BorderModel, Equation, fit, region_features
+from partune.runners import module_file
 from partune.runners.accuracy import has_bf16
 from partune.runners.build_pool import BuildPool, Lookahead
 from partune.runners.builder import plan_request, region_request
@@ -99,8 +102,9 @@ class SearchSession:
         return self.result.counts
 
     @cached_property
-    def module_json(self) -> str:  # made when first sent: a search whose plans are all stored skips it
-        return tvm.ir.save_json(self.mod)
+    def module_file(self) -> Path:  # written when first sent (a search whose plans are all stored skips it),
+        self._scratch = tempfile.TemporaryDirectory(prefix="partune-model-")  # removed with the session
+        return module_file.write(self.mod, self._scratch.name)
 
     def run(self) -> TuneResult:
         from partune.search.autotune import autotune
@@ -307,7 +311,7 @@ class SearchSession:
         """``plan`` end to end; ``fresh``: in a new worker process, so its peak memory is its own.
         Without ``wait``, None when another worker is measuring it (come back for it)."""
         m, took = self.obtain(plan_key(plan) + (":fresh" if fresh else ""), lambda: self.runner.run(
-            plan_request(self.module_json, plan, self.model.inputs, PLAN_PROTOCOL, fresh)), f"{self.model.name} {label}",
+            plan_request(self.module_file, plan, self.model.inputs, PLAN_PROTOCOL, fresh)), f"{self.model.name} {label}",
             wait=wait)
         if m is None:
             return None

@@ -58,7 +58,7 @@ def judge(s: SearchSession, finalists: dict[str, Plan]) -> None:
     s.progress.start_phase("plans vs peers, interleaved", 1)
     while not all(key + label in store for label in labels):
         if store.claims.claim(key):
-            request = compare_request(s.module_json, finalists, peer_specs(model, wanted), model.inputs,
+            request = compare_request(s.module_file, finalists, peer_specs(model, wanted), model.inputs,
                                       VERDICT_ROUNDS)
             measured = s.runner.compare(request, timeout_s=max(VERDICT_TIMEOUT_S, s.runner.timeout_s))
             for label, m in measured.items():

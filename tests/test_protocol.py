@@ -21,6 +21,7 @@ from partune.core import partition
 from partune.core.graph import DataflowGraph, main_bindings
 from partune.core.plan import single_backend_plan
 from partune.core.scopes import CompilationConfig
+from partune.runners import module_file
 from partune.runners.builder import (
     compare_request,
     overhead_request,
@@ -47,7 +48,7 @@ from partune.runners.protocol import (
 from partune.runners.runner import Runner
 from partune.runners.timing import Measurement, Protocol
 from partune.runners.worker import handle, handle_json
-from tests.graphs import Diamond
+from tests.graphs import Chain, Diamond
 
 FAST = {"warmup": 1, "warmup_ms": 1.0, "repeat": 2, "min_repeat_ms": 1.0}
 GRAPH = DataflowGraph.from_function(Diamond["main"])
@@ -222,3 +223,25 @@ def test_the_runner_reads_replies_by_type():
     assert Scripted(TuningReply(REPORT)).tune(tune, 10) == REPORT
     assert Scripted(ErrorReply("rpc: gone")).tune(tune, 10) == {"error": "rpc: gone"}
     assert Scripted(MeasurementReply(Measurement.failed("E: x"))).tune(tune, 10) == {"error": "E: x"}
+
+
+def test_a_model_named_by_its_file_is_read_there_once_and_travels_as_text_to_a_remote_worker(tmp_path):
+    """A whole model's requests name its file (0.58 GB of JSON at 12 BERT layers): the request
+    stays small, the worker parses the file once while it is unchanged, and the RPC path,
+    whose worker cannot read this machine's files, gets the text back in."""
+    path = module_file.write(Diamond, tmp_path)
+    plan = single_backend_plan("diamond", GRAPH, CONFIG, "onnxruntime", {0, 1})
+    by_file = plan_request(path, plan, INPUTS, FAST)
+    assert by_file.module == "" and by_file.module_file == str(path)
+    assert request_from_json(_through_text(by_file.to_json())) == by_file
+    assert len(json.dumps(by_file.to_json())) < len(path.read_text())
+    assert isinstance(reply := _answer(by_file), MeasurementReply) and reply.measurement.ok, reply
+    compared = _answer(compare_request(path, {"partune": plan}, {}, INPUTS, rounds=1))
+    assert isinstance(compared, MeasurementsReply) and compared.measurements["partune"].ok
+    first = module_file.load(by_file)
+    assert module_file.load(by_file) is first  # parsed once
+    inlined = module_file.inlined(by_file)
+    assert inlined.module == path.read_text() and inlined.module_file is None
+    assert module_file.inlined(inlined) is inlined and module_file.inlined(requests()[0]) == requests()[0]
+    path.write_text(tvm.ir.save_json(Chain))  # a file that changed is read again
+    assert tvm.ir.save_json(module_file.load(by_file)) == tvm.ir.save_json(Chain)
