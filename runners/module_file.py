@@ -51,3 +51,8 @@ def load(request: PlanRequest | CompareRequest) -> Any:
         _PARSED[key] = tvm.ir.load_json(Path(request.module_file).read_text())
     return _PARSED[key]
 
+
+
+def forget() -> None:
+    """Drop the model parsed last (a comparison whose plans are all built needs it no more)."""
+    _PARSED.clear()

@@ -236,8 +236,11 @@ def test_a_model_named_by_its_file_is_read_there_once_and_travels_as_text_to_a_r
     assert request_from_json(_through_text(by_file.to_json())) == by_file
     assert len(json.dumps(by_file.to_json())) < len(path.read_text())
     assert isinstance(reply := _answer(by_file), MeasurementReply) and reply.measurement.ok, reply
-    compared = _answer(compare_request(path, {"partune": plan}, {}, INPUTS, rounds=1))
+    peer = {"onnxruntime (export)": {"kind": "unavailable", "why": "no export"}}
+    compared = _answer(compare_request(path, {**peer, "partune": plan}, {}, INPUTS, rounds=1))
     assert isinstance(compared, MeasurementsReply) and compared.measurements["partune"].ok
+    assert "no export" in compared.measurements["onnxruntime (export)"].error
+    assert not module_file._PARSED  # its plans built, a comparison holds the model no more
     first = module_file.load(by_file)
     assert module_file.load(by_file) is first  # parsed once
     inlined = module_file.inlined(by_file)
