@@ -54,6 +54,10 @@ K = TypeVar("K", bound=Hashable)
 
 _QUEUED, _BUILDING, _DONE, _FAILED = "queued", "building", "done", "failed"
 _START_FAILURES = 3  # a worker that cannot start this many times in a row gives up
+# A worker with nothing to build this long is stopped (the next request starts another): once
+# the candidates are built, what it holds (2.8 GB at 24 BERT-768 layers) is not kept through
+# the whole-model plans and the verdict, which need the memory most.
+IDLE_S = 30.0
 
 
 def available_cpus() -> list[int]:
@@ -287,13 +291,18 @@ class BuildPool:
                 self._cond.notify_all()
             while True:
                 with self._cond:
-                    while not self._closed and not self._queue:
-                        self._cond.wait()
+                    idle_until = time.monotonic() + IDLE_S
+                    while not self._closed and not self._queue and (left := idle_until - time.monotonic()) > 0:
+                        self._cond.wait(left)
                     if self._closed:
                         return
-                    key = self._queue.popleft()
-                    request = self._pending.pop(key)
-                    self._state[key] = _BUILDING
+                    key = self._queue.popleft() if self._queue else None
+                    if key is not None:
+                        request = self._pending.pop(key)
+                        self._state[key] = _BUILDING
+                if key is None:  # nothing to build for a while: the worker goes, a request starts a new one
+                    runner.close()
+                    continue
                 try:
                     reply: Reply = runner.exchange(request, self.timeout_s)
                 except Exception as e:  # noqa: BLE001 - never leave a request building forever

@@ -213,6 +213,9 @@ class LocalRunner(Runner):
         self._recycle(*struct.unpack("<QQ", body[size:]))
         return reply
 
+    def available_bytes(self) -> int | None:
+        return memory.available_bytes()  # the worker runs on this machine
+
     def compare(self, request: CompareRequest, timeout_s: float | None = None) -> dict[str, Measurement]:
         """At one thread, in this runner's worker, interleaved. At more, each contender in a
         worker of its own, one running at a time (``partune.runners.isolated``): a library's

@@ -30,13 +30,18 @@ MAX_REQUESTS = 2000  # ... and after this many, whatever its size: what size mis
 _cleared = {"peak": 0}  # the highest high-water mark ``reset_peak`` has cleared in this process
 
 
-def _status_bytes(field: str) -> int | None:
+def _status_bytes(field: str, path: str = "/proc/self/status") -> int | None:
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             m = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M)
     except OSError:
         return None
     return int(m.group(1)) * 1024 if m else None
+
+
+def available_bytes() -> int | None:
+    """Memory this machine can hand out now without swapping (None where /proc does not say)."""
+    return _status_bytes("MemAvailable", "/proc/meminfo")
 
 
 def trim() -> None:

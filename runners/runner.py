@@ -68,6 +68,10 @@ class Runner(ABC):
 
         return device_fingerprint(self.threads)
 
+    def available_bytes(self) -> int | None:
+        """Memory the device can give a comparison now; None where unknown (a remote device)."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional
         """Release workers or sessions."""
 

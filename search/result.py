@@ -80,6 +80,7 @@ class Verdict:
     peers: tuple[str, ...] = ()  # which labels are peers (not Partune plans)
     threads: int = 1  # at more than one, each contender was timed in a process of its own
     tolerance: float | None = None  # with bf16: a peer whose error is above it is no bar to beat
+    left_out: str = ""  # finalists not timed, and why (the memory they would need)
 
     def over_budget(self, label: str) -> bool:
         m = self.measurements.get(label)

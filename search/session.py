@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-import tvm
 
 from partune.backends import registry
 from partune.core.describe import region_label, scope_name, variant_label
@@ -31,23 +29,21 @@ from partune.core.errors import PartuneError, clean_error, last_line
 from partune.core.keys import candidate_key, plan_key
 from partune.core.plan import Plan, Region
 from partune.core.scopes import CompilationConfig, SEScope
-from partune.cost_models.base import CostModel
 from partune.cost_models.borders import BorderModel, Equation, fit, region_features
 from partune.runners import module_file
 from partune.runners.accuracy import has_bf16
-from partune.runners.build_pool import BuildPool, Lookahead
+from partune.runners.build_pool import Lookahead
 from partune.runners.builder import plan_request, region_request
 from partune.runners.memory import trim
-from partune.runners.peers import DEFAULT_PEERS
 from partune.runners.runner import Runner
 from partune.runners.timing import Measurement
 from partune.search.calibration import CalibrationView, calibrate
 from partune.search.candidates import Candidate, accepted_nodes, backend_plan, enumerate_candidates
 from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
+from partune.search.options import TuneOptions
 from partune.search.precision import budgeted, overran, repair
 from partune.search.pruning import features, prune
 from partune.search.refine import refine
-from partune.search.options import TuneOptions
 from partune.search.result import Counts, Progress, TuneResult
 from partune.store.measurements import POLL_S, MeasurementStore
 
@@ -108,7 +104,7 @@ class SearchSession:
 
     def run(self) -> TuneResult:
         from partune.search.autotune import autotune
-        from partune.search.verdict import emit, judge
+        from partune.search.verdict import emit, fit_in_memory, judge
 
         start = time.monotonic()
         # The calibration's keys are taken by the workers that run out of candidates first, while
@@ -124,7 +120,7 @@ class SearchSession:
         self.borders()
         self.refine()
         if not self.options.worker_only:  # a helper worker: the primary takes it from here
-            finalists = self.finalists()
+            finalists = fit_in_memory(self, self.finalists())
             self.await_verdict(finalists)
             judge(self, finalists)
             emit(self, finalists)

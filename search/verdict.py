@@ -40,6 +40,37 @@ VERDICT_ROUNDS = 7
 VERDICT_TIMEOUT_S = 900.0  # torch.compile of a whole model inside the measuring process
 
 
+# The verdict builds every contender in one process (interleaved timing needs them all at once):
+# at 24 BERT-768 layers six of them took 13 GB and the out-of-memory killer ended it. Sizes as
+# measured at 12 layers, per byte of the model's weights: a peer holds up to 3.4x (onnxruntime
+# keeps the file and its session's copy), the worker's parse of the model 3x; a plan's own
+# footprint is measured with it (``Measurement.peak_bytes``), else taken as 2.5x.
+PEER_PER_WEIGHT, MODEL_PER_WEIGHT, PLAN_PER_WEIGHT = 3.5, 3.0, 2.5
+MEMORY_SHARE = 0.7  # of the memory free when the verdict starts, what its contenders may take
+
+
+def fit_in_memory(s: SearchSession, finalists: dict[str, Plan]) -> dict[str, Plan]:
+    """The finalists that fit beside the peers in the memory the device has free: the slowest
+    go first, the fastest always stays. A device that does not say (RPC) gets them all."""
+    free = s.runner.available_bytes()
+    weights = sum(node.const_bytes for node in s.graph.nodes)
+    if free is None or len(finalists) < 2:
+        return finalists
+    e2e = s.result.end_to_end
+    size = {label: (e2e[label].peak_bytes if label in e2e and e2e[label].peak_bytes else PLAN_PER_WEIGHT * weights)
+            for label in finalists}
+    fixed = (MODEL_PER_WEIGHT + PEER_PER_WEIGHT * len(s.options.peers)) * weights
+    kept = sorted(finalists, key=lambda label: e2e[label].cost_s if label in e2e else float("inf"))
+    while len(kept) > 1 and fixed + sum(size[label] for label in kept) > MEMORY_SHARE * free:
+        kept.pop()
+    if len(kept) < len(finalists):
+        gone = [label for label in finalists if label not in kept]
+        s.result.verdict.left_out = (f"{', '.join(gone)} left out: the contenders would need about "
+                                     f"{(fixed + sum(size.values())) / 2**30:.1f} GB, "
+                                     f"{free / 2**30:.1f} GB was free")
+    return {label: finalists[label] for label in finalists if label in kept}
+
+
 def refine_study_name(graph: DataflowGraph, dp_plan: Plan, memory: bool) -> str:
     """The refinement study of a model's DP plan (the same for every worker and every rerun)."""
     return f"refine:{graph.fingerprint}:{plan_key(dp_plan)}" + (":latency+memory" if memory else "")
@@ -72,7 +103,7 @@ def judge(s: SearchSession, finalists: dict[str, Plan]) -> None:
         measured = {label: store.get(key + label) for label in labels}
         counts.reused += len(labels)
     s.result.verdict = Verdict(measured, tuple(peer_label(p, model) for p in wanted), s.options.threads,
-                               s.options.tolerance)
+                               s.options.tolerance, s.result.verdict.left_out)
     best = min((m.median_s for m in measured.values() if m.ok), default=float("nan"))
     s.progress.advance(f"fastest median {best * 1e3:.3f} ms")
 

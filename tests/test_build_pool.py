@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -159,6 +160,25 @@ def test_the_pool_builds_ahead_and_survives_a_crashing_build(tmp_path, buildcras
         assert [r.build.cache for r in replies] == ["hit", "miss", "hit"]
         assert all(r.measurement.error is None for r in replies)  # the measurer built it itself
         assert not pool.wait(request("tvm"), 1)  # never queued: at once
+
+
+def test_an_idle_worker_is_stopped_and_the_next_build_starts_another(tmp_path, monkeypatch):
+    """Once the candidates are built, a build worker's memory (2.8 GB at 24 BERT layers) must
+    not be held through the plans and the verdict."""
+    from partune.runners import build_pool
+
+    monkeypatch.setattr(build_pool, "IDLE_S", 1.0)
+    with BuildPool(str(tmp_path), workers=1, cpus=available_cpus(), timeout_s=120) as pool:
+        first = request("onnxruntime")
+        pool.prefetch([first])
+        assert pool.join(120) and pool.wait(first, 1)
+        deadline = time.monotonic() + 30
+        while pool._runners[0].pid is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert pool._runners[0].pid is None  # stopped
+        second = request("onnxruntime", func=conv_region().with_attr("i", "2"))
+        pool.prefetch([second])
+        assert pool.join(120) and pool.wait(second, 1) and pool.stats["stored"] == 2
 
 
 def test_waiting_for_a_queued_request_takes_it_back(tmp_path):

@@ -20,7 +20,9 @@ from partune.core.plan import single_backend_plan
 from partune.core.scopes import CompilationConfig, ScopeError, SEScope
 from partune.runners.local import LocalRunner
 from partune.search.candidates import accepted_nodes, enumerate_candidates
+from partune.search.options import TuneOptions
 from partune.search.refine import _choices
+from partune.search.session import SearchSession
 from partune.search.tune import tune
 from partune.store.measurements import MEMORY, MeasurementStore
 from tests.test_precision import _Model
@@ -97,10 +99,10 @@ def test_a_search_on_two_threads_offers_and_deploys_one_thread_plans(tmp_path):
     assert {r.scope.threads for r in one.regions if r.backend == "onnxruntime"} == {1}
     assert result.end_to_end["onnxruntime-only (1 thread)"].ok
     assert "onnxruntime-only" in result.end_to_end  # the job's own thread count competes too
-    with LocalRunner(timeout_s=120, threads=2) as runner:
-        off = tune(_Model(), ["tvm", "onnxruntime"], runner, MeasurementStore(MEMORY, "other"), threads=2,
-                   peers=(), one_thread_regions=False)
-    assert not any(r.scope.threads for p in off.plans.values() for r in p.regions)
+    # Switched off, no scope runs on fewer threads: no candidate, and no single-library plan, has one.
+    off = SearchSession(_Model(), ["tvm", "onnxruntime"], runner, MeasurementStore(MEMORY, "other"),
+                        TuneOptions(threads=2, peers=(), one_thread_regions=False))
+    assert not any(s.threads for s in off.config.primitives) and not any(c.scope.threads for c in off.cands)
     out = export(_Model(), one, tmp_path / "deploy", threads=2)
     manifest = json.loads((out / "manifest.json").read_text())
     assert {r.get("threads") for r in manifest["regions"] if r["backend"] == "onnxruntime"} == {1}

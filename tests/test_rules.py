@@ -112,6 +112,12 @@ def test_interval_rule_proposes_whole_blocks():
     # a node the backend refuses splits the intervals, and the maximal runs remain
     got = _sets(IntervalRule().propose(_ctx(Chain, accepts=lambda n: n != 4)))
     assert (0, 1, 2, 3) in got and (5, 6, 7) in got and all(4 not in s for s in got)
+    # Past ``all_below`` blocks no proposal spans more than ``max_segments`` of them, the maximal
+    # runs included: the whole chain is what the backend's single-backend plan runs.
+    windowed = IntervalRule(max_segments=2, all_below=3)
+    assert max(map(len, _sets(windowed.propose(_ctx(Chain))))) == 2
+    assert max(map(len, _sets(windowed.propose(_ctx(Chain, accepts=lambda n: n != 4))))) == 2
+    assert (0, 1, 2, 3, 4, 5, 6, 7) in chain
 
 
 

@@ -22,6 +22,7 @@ from partune.core.scopes import CompilationConfig
 from partune.runners.build_pool import split_cores
 from partune.runners.builder import region_request
 from partune.runners.local import LocalRunner
+from partune.runners.timing import Measurement
 from partune.store.measurements import STUDY_PREFIX
 from tests.graphs import Chain
 
@@ -259,3 +260,38 @@ def test_a_hopeless_native_plan_is_not_timed(tmp_path, monkeypatch):
         assert sorted(session.worth_timing(plans)) == sorted(timed)
     skipped = session.result.end_to_end["tvm-only"]
     assert not skipped.ok and skipped.error.startswith("not measured: its regions add up to 11.0 ms, 11x")
+
+
+def test_the_verdict_keeps_the_finalists_that_fit_in_free_memory():
+    """Every contender of a verdict is built in one process: at 24 BERT-768 layers six took 13 GB
+    and the out-of-memory killer ended it. Finalists are dropped, slowest first, until the
+    estimate fits; the fastest always stays, and a device that does not say keeps them all."""
+    from types import SimpleNamespace
+
+    from partune.search.result import TuneResult
+    from partune.search.verdict import (
+        MEMORY_SHARE,
+        MODEL_PER_WEIGHT,
+        PEER_PER_WEIGHT,
+        fit_in_memory,
+    )
+
+    gib = 2**30
+    plans = {"slow": object(), "fast": object(), "middle": object()}
+    cost = {"fast": 1.0, "middle": 2.0, "slow": 3.0}
+
+    def session(free):
+        result = TuneResult()
+        result.end_to_end = {k: Measurement(c, 0, c, 1, 1, peak_bytes=gib) for k, c in cost.items()}
+        return SimpleNamespace(runner=SimpleNamespace(available_bytes=lambda: free), result=result,
+                               graph=SimpleNamespace(nodes=[SimpleNamespace(const_bytes=gib // 4)]),
+                               options=SimpleNamespace(peers=("onnxruntime", "openvino")))
+
+    fixed = (MODEL_PER_WEIGHT + 2 * PEER_PER_WEIGHT) * gib / 4
+    assert fit_in_memory(session(None), plans) == plans
+    roomy = session((fixed + 3 * gib) / MEMORY_SHARE + 1)
+    assert fit_in_memory(roomy, plans) == plans and not roomy.result.verdict.left_out
+    tight = session((fixed + 2 * gib) / MEMORY_SHARE + 1)
+    assert list(fit_in_memory(tight, plans)) == ["fast", "middle"]
+    assert tight.result.verdict.left_out.startswith("slow left out") and "GB was free" in tight.result.verdict.left_out
+    assert list(fit_in_memory(session(gib), plans)) == ["fast"]  # the fastest stays, whatever the memory

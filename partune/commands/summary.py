@@ -111,6 +111,8 @@ def _verdict_lines(result) -> list[str]:
                          + (", OVER THE BUDGET: not a bar to beat" if result.verdict.over_budget(label) else ""))
         else:
             lines.append(f"| {kind + label:<36} | {'unavailable' if kind else 'failed':>9} | {'-':>9} | {clean_error(m.error or '')}")
+    if result.verdict.left_out:
+        lines.append(result.verdict.left_out)
     notes = result.plan.notes
     if "speedup_vs_best_peer" in notes:
         x = notes["speedup_vs_best_peer"]
