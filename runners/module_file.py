@@ -5,11 +5,12 @@ request, it was escaped by ``json.dumps``, encoded, piped, decoded and parsed ag
 request, a copy or more of the whole model at each step, on both sides of the pipe. A local
 worker reads the file instead, and keeps the last model it parsed while the file stays as it
 was; a remote worker cannot read this machine's files, so the RPC runner puts the text back
-into the request (``inlined``).
+into the request (``inlined``), and the peers' ONNX files (``partune.runners.peers``) likewise.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -31,10 +32,21 @@ def write(mod: Any, folder: str | Path) -> Path:
 
 
 def inlined(request: Request) -> Request:
-    """``request`` with the model's text in it instead of its file (for a worker elsewhere)."""
+    """``request`` with the files it names inlined, for a worker elsewhere: the model's text,
+    and the peers' ONNX files (``partune.runners.peers``) as base64."""
     if isinstance(request, (PlanRequest, CompareRequest)) and request.module_file is not None:
-        return replace(request, module=Path(request.module_file).read_text(), module_file=None)
+        request = replace(request, module=Path(request.module_file).read_text(), module_file=None)
+    if isinstance(request, CompareRequest) and any(isinstance(c, dict) and "onnx_file" in c
+                                                   for c in request.contenders.values()):
+        request = replace(request, contenders={label: _inline_onnx(c) for label, c in request.contenders.items()})
     return request
+
+
+def _inline_onnx(contender: Any) -> Any:
+    if not isinstance(contender, dict) or "onnx_file" not in contender:
+        return contender
+    data = base64.b64encode(Path(contender["onnx_file"]).read_bytes()).decode()
+    return {k: v for k, v in contender.items() if k != "onnx_file"} | {"onnx": data}
 
 
 def load(request: PlanRequest | CompareRequest) -> Any:
@@ -50,7 +62,6 @@ def load(request: PlanRequest | CompareRequest) -> Any:
         _PARSED.clear()  # the model searched before this one
         _PARSED[key] = tvm.ir.load_json(Path(request.module_file).read_text())
     return _PARSED[key]
-
 
 
 def forget() -> None:

@@ -15,6 +15,7 @@ import io
 import os
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -123,10 +124,13 @@ def available_peers(model, wanted: tuple[str, ...]) -> tuple[str, ...]:
                                                              or model.torch_module is not None))
 
 
-def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS) -> dict[str, dict]:
+def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS, folder: str | Path | None = None) -> dict[str, dict]:
     """Specs of the peers a user of ``model`` would pick instead of Partune.
 
-    onnxruntime and OpenVINO run ``model_onnx(model)``; the torch peers need the module.
+    onnxruntime and OpenVINO run ``model_onnx(model)``: written into ``folder`` and named by
+    the specs (``onnx_file``; a remote worker gets it inlined, ``partune.runners.module_file``),
+    else carried in them as base64 (``onnx``), once per peer: at 24 BERT-768 layers that was
+    2 GB of request text, escaped and copied on both sides. The torch peers need the module.
     A peer that cannot be packaged (an export that fails) is an "unavailable" spec with
     its one-line reason; one the library cannot read fails where it is built.
     """
@@ -134,8 +138,14 @@ def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS) -> dict[str, dict
     libraries = [k for k in available_peers(model, wanted) if k in LIBRARY_PEERS or k in BF16_PEERS]
     if libraries:
         try:
-            data = base64.b64encode(model_onnx(model)).decode()
-            specs |= {peer_label(k, model): {"kind": k.split()[0], "onnx": data}
+            if folder is not None:
+                path = Path(folder) / "peer.onnx"
+                if not path.exists():
+                    path.write_bytes(model_onnx(model))
+                onnx = {"onnx_file": str(path)}
+            else:
+                onnx = {"onnx": base64.b64encode(model_onnx(model)).decode()}
+            specs |= {peer_label(k, model): {"kind": k.split()[0], **onnx}
                       | ({"precision": k.split()[1]} if " " in k else {}) for k in libraries}
         except Exception as e:  # noqa: BLE001 - the exporters raise many kinds
             why = f"{model_origin(model)}: {last_line(e, 160)}"
@@ -153,13 +163,18 @@ def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS) -> dict[str, dict
 def make_peer(spec: dict, inputs: list[np.ndarray], threads: int) -> Runnable:
     """Build a peer from its spec, ready to time (compilation happens here, untimed)."""
     if spec["kind"] in LIBRARY_PEERS:
-        return open_model_file(spec["kind"], base64.b64decode(spec["onnx"]), inputs, threads,
+        return open_model_file(spec["kind"], _onnx_of(spec), inputs, threads,
                                spec.get("precision", "f32")).prepare(inputs)
     if spec["kind"] in ("torch", "torch.compile"):
         module = rebuild_module(spec["module"])
         make = torch_compile if spec["kind"] == "torch.compile" else torch_eager
         return make(module, inputs, threads)
     raise RuntimeError(spec.get("why", f"unknown peer kind {spec['kind']}"))
+
+
+def _onnx_of(spec: dict) -> bytes:
+    """A library peer's ONNX model: from its file, or from the spec itself."""
+    return Path(spec["onnx_file"]).read_bytes() if "onnx_file" in spec else base64.b64decode(spec["onnx"])
 
 
 def peer_error(spec: dict, inputs: list[np.ndarray], threads: int) -> float | None:
@@ -169,7 +184,7 @@ def peer_error(spec: dict, inputs: list[np.ndarray], threads: int) -> float | No
         return None
     from partune.runners.accuracy import plan_error
 
-    data = base64.b64decode(spec["onnx"])
+    data = _onnx_of(spec)
     return plan_error(open_model_file(spec["kind"], data, inputs, threads, spec["precision"]),
                       open_model_file(spec["kind"], data, inputs, threads), inputs)
 

@@ -248,3 +248,21 @@ def test_a_model_named_by_its_file_is_read_there_once_and_travels_as_text_to_a_r
     assert module_file.inlined(inlined) is inlined and module_file.inlined(requests()[0]) == requests()[0]
     path.write_text(tvm.ir.save_json(Chain))  # a file that changed is read again
     assert tvm.ir.save_json(module_file.load(by_file)) == tvm.ir.save_json(Chain)
+
+
+def test_a_peers_onnx_file_is_read_where_it_is_built_and_inlined_for_a_remote_worker(tmp_path):
+    """The peers' ONNX model travels as a file name (two peers carried 2 GB of base64 at 24
+    BERT layers); built from it, a peer computes what the carried one does."""
+    from partune.models import load
+    from partune.runners.peers import make_peer, peer_label, peer_specs
+    from tests.model_files import write_onnx
+
+    model = load(str(write_onnx(tmp_path / "tiny.onnx")), {"x": (1, 3, 16, 16)})
+    by_file = peer_specs(model, ("onnxruntime", "openvino"), tmp_path)
+    carried = peer_specs(model, ("onnxruntime", "openvino"))
+    assert all(set(spec) == {"kind", "onnx_file"} for spec in by_file.values())
+    label = peer_label("onnxruntime", model)
+    np.testing.assert_allclose(np.asarray(make_peer(by_file[label], model.inputs, 1)()[0]),
+                               np.asarray(make_peer(carried[label], model.inputs, 1)()[0]), rtol=1e-6)
+    remote = module_file.inlined(compare_request("{}", {}, by_file, model.inputs))
+    assert remote.contenders == carried

@@ -55,7 +55,7 @@ def _count_trials(db: Path) -> int:
 
 
 def _tune_cmd(model: Path, url: str, out: Path) -> list[str]:
-    return [sys.executable, "-m", "partune.cli", "tune", str(model), "--backends", "tvm",
+    return [sys.executable, "-m", "partune.cli", "tune", str(model), "--backends", "tvm", "--peers", "none",
             "--storage", url, "-o", str(out)]
 
 
@@ -105,14 +105,14 @@ def crash_backends():
 def test_crashing_kernel_costs_one_candidate(tmp_path, chain_file, crash_backends, capsys):
     url = f"sqlite:///{tmp_path / 'm.db'}"
     out = tmp_path / "plan.json"
-    assert main(["tune", str(chain_file), "--backends", "tvm,segfault", "--storage", url, "-o", str(out)]) == 0
+    assert main(["tune", str(chain_file), "--backends", "tvm,segfault", "--peers", "none", "--storage", url,
+                 "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "partune dp" in text
     failed = [t for t in _trials(url) if t.state == optuna.trial.TrialState.FAIL]
     assert failed and all("SIGSEGV" in t.user_attrs["m"]["error"] for t in failed)
     regions = json.loads(out.read_text())["regions"]
-    # The plan is over TVM, or the file under a library peer when that was faster: never the crasher.
-    assert regions and all(r["scope"]["backend"] != "segfault" for r in regions)
+    assert regions and all(r["scope"]["backend"] != "segfault" for r in regions)  # never the crasher
 
 
 def test_hanging_kernel_times_out_and_the_runner_recovers(crash_backends):
@@ -285,7 +285,8 @@ def test_the_verdict_keeps_the_finalists_that_fit_in_free_memory():
         result.end_to_end = {k: Measurement(c, 0, c, 1, 1, peak_bytes=gib) for k, c in cost.items()}
         return SimpleNamespace(runner=SimpleNamespace(available_bytes=lambda: free), result=result,
                                graph=SimpleNamespace(nodes=[SimpleNamespace(const_bytes=gib // 4)]),
-                               options=SimpleNamespace(peers=("onnxruntime", "openvino")))
+                               model=SimpleNamespace(torch_module=None),  # an ONNX file: no torch peer
+                               options=SimpleNamespace(peers=("onnxruntime", "openvino", "torch.compile")))
 
     fixed = (MODEL_PER_WEIGHT + 2 * PEER_PER_WEIGHT) * gib / 4
     assert fit_in_memory(session(None), plans) == plans
