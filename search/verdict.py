@@ -76,14 +76,43 @@ def refine_study_name(graph: DataflowGraph, dp_plan: Plan, memory: bool) -> str:
     return f"refine:{graph.fingerprint}:{plan_key(dp_plan)}" + (":latency+memory" if memory else "")
 
 
+def _wanted(s: SearchSession) -> tuple[str, ...]:
+    """The peers of the verdict: those asked for that the model can have (with bf16 on offer,
+    the bf16 peers of the libraries asked for too)."""
+    bf16 = BF16_PEERS if "bf16" in s.config.precisions else ()
+    return available_peers(s.model, s.options.peers + tuple(p for p in bf16 if p.split()[0] in s.options.peers))
+
+
+def await_verdict(s: SearchSession, finalists: dict[str, Plan]) -> None:
+    """While another worker of this search times the verdict, wait for it with short polls
+    (``judge`` looks every ``POLL_S``), so a worker that follows ends when the verdict lands.
+
+    The key is the one ``judge`` claims; were the two to differ, nothing would be held
+    under this one and ``judge`` would simply wait on its own."""
+    from partune.search.session import FIRST_POLL_S
+    from partune.store.claims import alive
+
+    key = verdict_key(s.graph.fingerprint, [plan_key(p) for p in finalists.values()], _wanted(s))
+    claims, pause, waited = s.store.claims, FIRST_POLL_S, False
+    # Not past the claim's time to live: a dead worker's claim is then judge's to take over.
+    until = time.monotonic() + getattr(claims, "ttl_s", 0.0)
+    while (time.monotonic() < until and (holder := claims.holder(key)) not in (None, claims.owner)
+           and alive(holder) and not claims.is_done(key)):
+        if not waited:
+            s.progress.start_phase("plans vs peers, interleaved by another worker: waiting", 1)
+        time.sleep(pause)
+        pause, waited = min(2 * pause, POLL_S), True
+    if waited:
+        s.store.refresh()
+
+
 def judge(s: SearchSession, finalists: dict[str, Plan]) -> None:
     """Finalist plans against the peers, in one process, interleaved; stored like the rest.
 
     One worker times the verdict (it claims the key); the others wait and read it.
     """
     model, store, counts = s.model, s.store, s.counts
-    bf16 = BF16_PEERS if "bf16" in s.config.precisions else ()
-    wanted = available_peers(model, s.options.peers + tuple(p for p in bf16 if p.split()[0] in s.options.peers))
+    wanted = _wanted(s)
     key = verdict_key(model.graph.fingerprint, [plan_key(p) for p in finalists.values()], wanted)
     labels = list(finalists) + [peer_label(p, model) for p in wanted]
     s.progress.start_phase("plans vs peers, interleaved", 1)
