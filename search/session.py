@@ -45,7 +45,7 @@ from partune.search.precision import budgeted, overran, repair
 from partune.search.pruning import features, prune
 from partune.search.refine import refine
 from partune.search.result import Counts, Progress, TuneResult
-from partune.store.measurements import POLL_S, MeasurementStore
+from partune.store.measurements import FIRST_POLL_S, POLL_S, MeasurementStore
 
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
 CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
@@ -60,10 +60,6 @@ MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regi
 # cost: a prediction a little too high then still gets the candidate tried (measured) when
 # it is near the best, instead of leaving it out for good.
 OPTIMISM = 0.8
-# A wait on another worker's claim looks again after this, then twice as long each time, up
-# to the store's POLL_S: what another worker is measuring usually lands within a second, and
-# a worker that slept POLL_S before each look would trail it by seconds at every such wait.
-FIRST_POLL_S = 0.05
 
 
 class SearchSession:

@@ -30,7 +30,7 @@ from partune.runners.peers import (
 )
 from partune.runners.timing import Measurement
 from partune.search.result import Verdict
-from partune.store.measurements import POLL_S
+from partune.store.measurements import FIRST_POLL_S, POLL_S
 
 if TYPE_CHECKING:
     from partune.search.session import SearchSession
@@ -89,7 +89,6 @@ def await_verdict(s: SearchSession, finalists: dict[str, Plan]) -> None:
 
     The key is the one ``judge`` claims; were the two to differ, nothing would be held
     under this one and ``judge`` would simply wait on its own."""
-    from partune.search.session import FIRST_POLL_S
     from partune.store.claims import alive
 
     key = verdict_key(s.graph.fingerprint, [plan_key(p) for p in finalists.values()], _wanted(s))

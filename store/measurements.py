@@ -33,6 +33,10 @@ STUDY_PREFIX = "partune-measurements/"
 OPEN_ATTEMPTS = 3  # a new database: workers starting together race to create its tables
 MEMORY = "memory"  # a storage URL: measurements kept in this process only (tests, one-off runs)
 POLL_S = 2.0  # how often a worker waiting on another worker's measurement looks again
+# A wait on another worker's claim looks again after this, then twice as long each time, up
+# to POLL_S: what another worker is measuring usually lands within a second, and
+# a worker that slept POLL_S before each look would trail it by seconds at every such wait.
+FIRST_POLL_S = 0.05
 OPTUNA_SCHEMA = "v3.2.0.a"  # the version of Optuna's tables that a store writes itself (put)
 BATCH = 10_000  # trials read per query by a poll that has much to catch up on
 # Partune's index beside Optuna's on its user attributes: the "key" attribute's value, so a
