@@ -50,8 +50,9 @@ from partune.store.measurements import FIRST_POLL_S, POLL_S, MeasurementStore
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
 CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
 PLAN_PROTOCOL = {"warmup": 2, "warmup_ms": 100.0, "repeat": 11, "min_repeat_ms": 50.0}
-# A native-only plan whose measured regions add up to this many times the fastest plan timed is
-# not timed: untuned TVM ran a BERT-768 in 5.9 s (27 ms the best), 83 s of a 10-minute search.
+# A native-only plan or a refinement variant whose measured regions add up to this many times
+# the fastest plan timed is not timed: untuned TVM ran a BERT-768 in 5.9 s (27 ms the best), 83 s
+# of a 10-minute search.
 HOPELESS = 10.0
 NOT_MEASURED = "not measured"  # how such a plan's measurement begins (the summary shows it as skipped)
 BORDER_ROUNDS = 3  # DP proposals refined by learned border costs, each measured end to end
@@ -94,7 +95,7 @@ class SearchSession:
         return self.result.counts
 
     @cached_property
-    def module_file(self) -> Path:  # written when first sent (a search whose plans are all stored skips it),
+    def module_file(self) -> Path:  # written when first sent: a search whose plans are all stored skips it
         self._scratch = tempfile.TemporaryDirectory(prefix="partune-model-")  # removed with the session
         return module_file.write(self.mod, self._scratch.name)
 
@@ -357,7 +358,8 @@ class SearchSession:
         times the fastest plan timed: that one is recorded as not measured."""
         native = self.config.default
         natives = [label for label, plan in plans.items() if all(r.scope == native for r in plan.regions)]
-        found = self.dp({native.backend}, precisions=(native.compute_precision,)) if natives else None
+        timed = natives and self.fastest_timed() < float("inf")  # else nothing to be hopeless against
+        found = self.dp({native.backend}, precisions=(native.compute_precision,)) if timed else None
         skipped = self.hopeless(found[0].cost_s) if found is not None else None
         if skipped is None:
             return plans
@@ -366,11 +368,15 @@ class SearchSession:
             self.progress.advance(f"{label}: {NOT_MEASURED}")
         return {label: plan for label, plan in plans.items() if label not in natives}
 
+    def fastest_timed(self) -> float:
+        """The fastest end-to-end time of any plan so far (inf: none timed yet)."""
+        return min((m.cost_s for m in self.result.end_to_end.values() if m.ok), default=float("inf"))
+
     def hopeless(self, estimate_s: float) -> Measurement | None:
         """Why a plan whose measured regions add up to ``estimate_s`` is not worth timing: over
         ``HOPELESS`` times the fastest plan timed (untuned TVM ran BERT-768 in 5.9 s against
         27 ms; a refinement variant with its matmuls 7 s against 0.32 s at 24 layers). None: it is."""
-        best = min((m.cost_s for m in self.result.end_to_end.values() if m.ok), default=float("inf"))
+        best = self.fastest_timed()
         if not estimate_s > HOPELESS * best:
             return None
         return Measurement.failed(f"{NOT_MEASURED}: its regions add up to {estimate_s * 1e3:.1f} ms, "

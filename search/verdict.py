@@ -53,13 +53,13 @@ def fit_in_memory(s: SearchSession, finalists: dict[str, Plan]) -> dict[str, Pla
     """The finalists that fit beside the peers in the memory the device has free: the slowest
     go first, the fastest always stays. A device that does not say (RPC) gets them all."""
     free = s.runner.available_bytes()
-    weights = sum(node.const_bytes for node in s.graph.nodes)
     if free is None or len(finalists) < 2:
         return finalists
+    weights = sum(node.const_bytes for node in s.graph.nodes)
     e2e = s.result.end_to_end
     size = {label: (e2e[label].peak_bytes if label in e2e and e2e[label].peak_bytes else PLAN_PER_WEIGHT * weights)
             for label in finalists}
-    fixed = (MODEL_PER_WEIGHT + PEER_PER_WEIGHT * len(available_peers(s.model, s.options.peers))) * weights
+    fixed = (MODEL_PER_WEIGHT + PEER_PER_WEIGHT * len(_wanted(s))) * weights  # the peers judge will build
     kept = sorted(finalists, key=lambda label: e2e[label].cost_s if label in e2e else float("inf"))
     while len(kept) > 1 and fixed + sum(size[label] for label in kept) > MEMORY_SHARE * free:
         kept.pop()
@@ -117,8 +117,8 @@ def judge(s: SearchSession, finalists: dict[str, Plan]) -> None:
     s.progress.start_phase("plans vs peers, interleaved", 1)
     while not all(key + label in store for label in labels):
         if store.claims.claim(key):
-            request = compare_request(s.module_file, finalists, peer_specs(model, wanted, s.module_file.parent), model.inputs,
-                                      VERDICT_ROUNDS)
+            specs = peer_specs(model, wanted, s.module_file.parent)
+            request = compare_request(s.module_file, finalists, specs, model.inputs, VERDICT_ROUNDS)
             measured = s.runner.compare(request, timeout_s=max(VERDICT_TIMEOUT_S, s.runner.timeout_s))
             for label, m in measured.items():
                 store.put(key + label, m, f"{model.name} verdict {label}")

@@ -289,6 +289,7 @@ def test_the_verdict_keeps_the_finalists_that_fit_in_free_memory():
         return SimpleNamespace(runner=SimpleNamespace(available_bytes=lambda: free), result=result,
                                graph=SimpleNamespace(nodes=[SimpleNamespace(const_bytes=gib // 4)]),
                                model=SimpleNamespace(torch_module=None),  # an ONNX file: no torch peer
+                               config=SimpleNamespace(precisions=("f32",)),
                                options=SimpleNamespace(peers=("onnxruntime", "openvino", "torch.compile")))
 
     fixed = (MODEL_PER_WEIGHT + 2 * PEER_PER_WEIGHT) * gib / 4
