@@ -16,8 +16,11 @@ demo: $(STAMP)
 	$(BIN)/partune tune bert-small -o plan.json
 	$(BIN)/partune run bert-small --plan plan.json
 
+# Two processes share the tests (pytest-xdist): most of them wait on measuring workers or
+# compilers, and CI has two cores. Tests that share a costly module fixture keep one process
+# (``xdist_group``).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -34,6 +34,9 @@ from partune.backends.tvm_tuning_database import (
 from partune.core.scopes import SEScope, cpu_target
 from partune.runners.timing import Protocol, time_callable
 
+# One test process runs this module under ``make test`` (pytest-xdist): ``tuned`` tunes for 30 s.
+pytestmark = pytest.mark.xdist_group("tvm_tuning")
+
 ROOT = Path(__file__).resolve().parents[1]
 N = 256
 TRIALS = 16
