@@ -80,16 +80,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "postgresql://... for many workers; 'memory' keeps nothing after the run)")
     t.add_argument("--study", help="name of this tuning job in the storage (default MODEL:BACKENDS)")
     t.add_argument("--runner", default="local", help="local, or rpc://HOST:PORT/KEY for a TVM RPC tracker")
-    t.add_argument("--timeout", help="time budget of the search (e.g. 30m, 8h): candidate measuring and "
-                   "refinement stop when it is spent, then the best plan so far meets the peers and is written")
+    t.add_argument("--timeout", help="time budget of the search (e.g. 30m, 8h), spent where the search "
+                   "expects gains: after the candidates, refinement runs until it converges (no faster "
+                   "variant in 16 trials) unless --refine-trials is given; budgets of 30m or more also "
+                   "tune TVM regions (tvm-tuned) with half the time left unless --tune-budget is given; "
+                   "the last 10%% (at least 1 minute) is kept for the plans to meet the peers, then "
+                   "the fastest is written. Without it, the search does a fixed amount of work")
     t.add_argument("--measure-timeout", default="120s",
                    help="limit for one measurement; a hang costs that candidate (default 120s)")
     t.add_argument("--pin", action="append", metavar="SELECTOR=BACKEND",
                    help="keep nodes on a backend: a node index, a range a-b, or an op name (repeatable)")
-    t.add_argument("--n-trials", "--refine-trials", dest="refine_trials", type=int, default=8, metavar="N",
+    t.add_argument("--n-trials", "--refine-trials", dest="refine_trials", type=int, default=None, metavar="N",
                    help="after the DP: the refinement study holds N plan variants (move a region to "
                         "another backend, merge neighbours), proposed by Optuna and measured end to end; "
-                        "resumable, shared by all workers; raise it for overnight jobs; 0 to skip (default 8)")
+                        "resumable, shared by all workers; 0 to skip (default 8; with --timeout, until it "
+                        "converges or the budget is spent)")
     t.add_argument("--objective", choices=("latency", "latency+memory"), default="latency",
                    help="what refinement minimises: latency (TPE), or latency and peak memory "
                         "(NSGA-II; each variant measured in a fresh process; the Pareto front is "

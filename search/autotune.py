@@ -23,9 +23,8 @@ if TYPE_CHECKING:
     from partune.search.session import SearchSession
 
 
-def autotune(s: SearchSession) -> None:
-    """Tune for at most ``tune_budget_s`` (and never past the deadline)."""
-    budget = s.options.tune_budget_s
+def autotune(s: SearchSession, budget: float) -> None:
+    """Tune for at most ``budget`` seconds (and never past the deadline)."""
     stop = time.monotonic() + budget
     deadline = s.options.deadline or stop
     done: set[str] = set()  # structures tuned (or tried) in this run

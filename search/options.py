@@ -9,6 +9,7 @@ from partune.core.scopes import SEScope
 from partune.cost_models.base import CostModel
 from partune.runners.build_pool import BuildPool
 from partune.runners.peers import DEFAULT_PEERS
+from partune.search.budget import Budget
 from partune.search.result import Progress
 
 
@@ -21,14 +22,15 @@ class TuneOptions:
     deadline: float | None = None  # ``time.monotonic``: candidate measuring and refinement stop
     progress: Progress | None = None
     peers: tuple[str, ...] = DEFAULT_PEERS
-    refine_trials: int = 0
+    refine_trials: int | None = 0  # None: until refinement converges, or the deadline
     previous: Plan | None = None  # what an earlier run of the same job emitted: it competes again
     cost_model: CostModel | None = None
     memory: bool = False
     worker_only: bool = False
-    tune_budget_s: float = 0.0
+    tune_budget_s: float = 0.0  # 0 with a budget: a share of the time the candidates left
     tune_trials: int = 32
     build_pool: BuildPool | None = None
     precision: str = "f32"  # "bf16": regions may compute in bf16 where a backend can (``search.precision``)
     tolerance: float | None = None  # with bf16: the largest relative error a plan may have
     one_thread_regions: bool = True  # on many threads, library regions may run on one (``SEScope.threads``)
+    budget: Budget | None = None  # a time budget to spend (``partune.search.budget``), not only respect

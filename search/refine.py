@@ -38,6 +38,7 @@ class Refined:
     measurement: Measurement
     trials: int  # trials in the study, earlier runs and other workers included
     front: tuple[tuple[Plan, Measurement], ...] = ()  # latency+memory: the Pareto front, fastest first
+    converged: bool = False  # with patience: stopped because no variant was faster for that long
 
 
 POLL_S = 2.0  # how often a worker whose budget is spent looks at other workers' trials
@@ -108,12 +109,22 @@ def _budget_left(study: optuna.Study, n_trials: int) -> bool:
     return len(study.get_trials(deepcopy=False, states=counted)) < n_trials
 
 
+def _converged(study: optuna.Study, patience: int) -> bool:
+    """Whether the last ``patience`` finished trials (any worker's) all failed to beat the
+    fastest before them: TPE has stopped finding faster variants, or has run out of them (a
+    variant measured before is answered from the store, and a pruned one counts as no gain)."""
+    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    latencies = [t.values[0] if t.values else math.inf for t in finished]
+    return len(latencies) > patience and min(latencies[-patience:]) >= min(latencies[:-patience])
+
+
 def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted: dict[str, set[int]],
            measure: Callable[[Plan], Measurement], storage: optuna.storages.BaseStorage, study_name: str,
            n_trials: int, *, seed: int = 0, deadline: float | None = None, memory: bool = False,
-           claims: Claims | None = None) -> Refined | None:
+           claims: Claims | None = None, patience: int | None = None) -> Refined | None:
     """Run the study until it holds ``n_trials`` trials (or ``deadline``, ``time.monotonic``,
-    passes); the fastest variant measured, and with ``memory`` the Pareto front.
+    passes, or, with ``patience``, that many trials in a row found no faster variant); the
+    fastest variant measured, and with ``memory`` the Pareto front.
 
     ``accepted`` maps each backend on offer to the nodes it accepts; ``measure`` times a
     whole plan (and should store what it measures; with ``memory`` it must report
@@ -155,7 +166,7 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
     # queued again, and run here). Without heartbeats a dead worker's trial would run forever.
     heartbeats = bool(getattr(storage, "heartbeat_interval", None))
     while deadline is None or time.monotonic() < deadline:
-        if _budget_left(study, n_trials):
+        if _budget_left(study, n_trials) and not (patience and _converged(study, patience)):
             study.optimize(objective, n_trials=1, catch=())
         elif heartbeats and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             time.sleep(POLL_S)
@@ -183,7 +194,7 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
     best = rebuilt(min(done, key=lambda t: t.values[0]))
     if best is None:
         return None
-    return Refined(best[0], best[1], len(study.trials), front)
+    return Refined(best[0], best[1], len(study.trials), front, bool(patience) and _converged(study, patience))
 
 
 def _values(m: Measurement, memory: bool) -> float | tuple[float, float]:

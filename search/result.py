@@ -13,6 +13,7 @@ from partune.core.plan import Plan
 from partune.cost_models.borders import BorderModel
 from partune.runners.timing import Measurement
 from partune.search.dp import Cover
+from partune.search.refine import Refined
 
 
 @dataclass
@@ -119,5 +120,6 @@ class TuneResult:
     trained: list = field(default_factory=list)  # (candidate, measurement) taken this run
     cost_model: object = None  # the cost model after learning from this run's measurements
     refine_study: str | None = None  # the Optuna study of the refinement
+    refined: Refined | None = None  # its outcome: the fastest variant, trials, whether it converged
     front: tuple = ()  # latency+memory refinement: the Pareto front, (Plan, Measurement), fastest first
     memory: MemoryPeaks = field(default_factory=MemoryPeaks)  # peak resident size of each process

@@ -37,6 +37,7 @@ from partune.runners.builder import plan_request, region_request
 from partune.runners.memory import trim
 from partune.runners.runner import Runner
 from partune.runners.timing import Measurement
+from partune.search.budget import PATIENCE, TRIALS_CAP
 from partune.search.calibration import CalibrationView, calibrate
 from partune.search.candidates import Candidate, accepted_nodes, backend_plan, enumerate_candidates
 from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
@@ -111,8 +112,10 @@ class SearchSession:
             self.learn()
         self.adjust = self.calibrate()
         self.result.adjust_s = {scope_name(k): v for k, v in self.adjust.items()}
-        if self.autotuned and self.options.tune_budget_s > 0:
-            autotune(self)
+        opts = self.options
+        tune_s = opts.tune_budget_s or (opts.budget.tuning_s() if opts.budget is not None else 0.0)
+        if self.autotuned and tune_s > 0:
+            autotune(self, tune_s)
         self.propose()
         self.borders()
         self.refine()
@@ -433,10 +436,11 @@ class SearchSession:
         from partune.search.verdict import refine_study_name
 
         opts, result = self.options, self.result
-        if opts.refine_trials <= 0 or result.dp_plan is None:
+        trials, patience = (opts.refine_trials, None) if opts.refine_trials is not None else (TRIALS_CAP, PATIENCE)
+        if trials <= 0 or result.dp_plan is None:
             return
-        self.progress.start_phase("refine plans end to end (Optuna" + (", NSGA-II)" if opts.memory else ")"),
-                                  opts.refine_trials)
+        self.progress.start_phase("refine plans end to end (Optuna" + (", NSGA-II" if opts.memory else "") +
+                                  (", until it converges)" if patience else ")"), trials if not patience else 0)
         accepted = {b: accepted_nodes(self.mod["main"], b) for b in self.backends if b not in self.autotuned}
         result.refine_study = refine_study_name(self.graph, result.dp_plan, opts.memory)
 
@@ -445,8 +449,9 @@ class SearchSession:
             return self.hopeless(known) or self.measure(p, "refine variant", fresh=opts.memory)
 
         refined = refine(self.graph, result.dp_plan, self.config, accepted, measure, self.store.storage,
-                         result.refine_study, opts.refine_trials, deadline=opts.deadline, memory=opts.memory,
-                         claims=self.store.claims)
+                         result.refine_study, trials, deadline=opts.deadline, memory=opts.memory,
+                         claims=self.store.claims, patience=patience)
+        result.refined = refined
         if refined is not None:
             result.front = refined.front
             if self.offer("partune refined", refined.plan):

@@ -11,6 +11,7 @@ from partune.core.scopes import SEScope
 from partune.runners.build_pool import BuildPool
 from partune.runners.peers import DEFAULT_PEERS
 from partune.runners.runner import Runner
+from partune.search.budget import Budget
 from partune.search.result import Progress, TuneResult
 from partune.search.session import SearchSession, TuneOptions
 from partune.store.measurements import MeasurementStore
@@ -21,10 +22,10 @@ __all__ = ["Progress", "TuneResult", "tune"]
 def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
          threads: int = 1, pins: dict[int, SEScope] | None = None, deadline: float | None = None,
          progress: Progress | None = None, peers: tuple[str, ...] = DEFAULT_PEERS,
-         refine_trials: int = 0, previous: Plan | None = None, cost_model=None, memory: bool = False,
+         refine_trials: int | None = 0, previous: Plan | None = None, cost_model=None, memory: bool = False,
          worker_only: bool = False, tune_budget_s: float = 0.0, tune_trials: int = 32,
          build_pool: BuildPool | None = None, precision: str = "f32", tolerance: float | None = None,
-         one_thread_regions: bool = True) -> TuneResult:
+         one_thread_regions: bool = True, budget: Budget | None = None) -> TuneResult:
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
     ``previous`` is the plan an earlier run of the same job emitted: it competes again.
@@ -36,7 +37,10 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     then measured like the rest; a region never tuned is never used.
     ``refine_trials`` plan variants around the DP's plan are measured end to end by an
     Optuna study (``partune.search.refine``); with ``memory`` NSGA-II searches latency and peak
-    memory, and the Pareto front is in the result. ``deadline`` (``time.monotonic``)
+    memory, and the Pareto front is in the result; ``refine_trials`` None runs it until it
+    converges (``partune.search.budget.PATIENCE``) or the deadline. A ``budget``
+    (``partune.search.budget``) gives tuning a share of the time left after the candidates
+    where ``tune_budget_s`` is 0. ``deadline`` (``time.monotonic``)
     stops candidate measuring and refinement; the verdict still runs. Several processes
     may run this on one storage at once: measurements are claimed (``Store.obtain``), so
     none is taken twice, and ``worker_only`` processes stop after refinement. ``peers``
@@ -54,5 +58,5 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
                           refine_trials=refine_trials, previous=previous, cost_model=cost_model, memory=memory,
                           worker_only=worker_only, tune_budget_s=tune_budget_s, tune_trials=tune_trials,
                           build_pool=build_pool, precision=precision, tolerance=tolerance,
-                          one_thread_regions=one_thread_regions)
+                          one_thread_regions=one_thread_regions, budget=budget)
     return SearchSession(model, backends, runner, store, options).run()

@@ -20,6 +20,8 @@ from tests.conftest import load_model
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["tvm", "torch", "onnxruntime", "openvino"]
 CONFIG = CompilationConfig.for_cpu(ORDER)
+# One test process runs this module under ``make test`` (pytest-xdist): its module fixture tunes a model once.
+pytestmark = pytest.mark.xdist_group("deploy")
 
 FRESH = """
 import sys, numpy as np

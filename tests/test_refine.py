@@ -135,3 +135,44 @@ def test_latency_and_memory_give_a_pareto_front():
     for i, (t, b) in enumerate(points):  # nobody on the front dominates another
         assert not any(t2 <= t and b2 <= b and (t2, b2) != (t, b) for j, (t2, b2) in enumerate(points) if j != i)
     assert all(b2 < b for (_, b), (_, b2) in zip(points, points[1:], strict=False))  # slower means leaner
+
+
+def test_with_patience_refinement_stops_once_no_variant_is_faster():
+    """Unbounded trials: the study stops itself once PATIENCE trials in a row found nothing
+    faster (the planted optimum is a seed, so every later trial is no gain)."""
+    from partune.search.budget import PATIENCE
+
+    storage = optuna.storages.InMemoryStorage()
+    seen: list[Plan] = []
+
+    def measure(plan: Plan) -> Measurement:
+        seen.append(plan)
+        c = _cost(plan)
+        return Measurement(c, 0.0, c, 1, 1, best_s=c)
+
+    out = refine(GRAPH, BASE, CONFIG, ACCEPTED, measure, storage, "p", 10_000, patience=PATIENCE)
+    assert out is not None and out.converged and len(out.plan.regions) == 1
+    values = [t.values[0] if t.values else float("inf") for t in optuna.load_study(study_name="p", storage=storage)
+              .get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))]
+    best_at = values.index(min(values))
+    assert len(values) == best_at + 1 + PATIENCE  # stopped exactly PATIENCE trials after the best
+    # Without patience the same study would go on to the trial budget.
+    more = refine(GRAPH, BASE, CONFIG, ACCEPTED, measure, storage, "p", len(values) + 3)
+    assert more is not None and not more.converged and more.trials == len(values) + 3
+
+
+def test_a_deadline_stops_unbounded_refinement():
+    storage = optuna.storages.InMemoryStorage()
+
+    def measure(plan: Plan) -> Measurement:
+        time.sleep(0.05)
+        c = _cost(plan)
+        seen.append(plan)
+        return Measurement(c, 0.0, c, 1, 1, best_s=c)
+
+    seen: list[Plan] = []
+    start = time.monotonic()
+    out = refine(GRAPH, BASE, CONFIG, ACCEPTED, measure, storage, "d", 10_000,
+                 deadline=start + 1.0, patience=10_000)
+    assert out is not None and not out.converged
+    assert time.monotonic() - start < 3.0 and 5 < len(seen) < 60

@@ -16,6 +16,9 @@ from partune.runners.timing import Measurement
 from tests.conftest import load_model
 from tests.model_files import write_onnx
 
+# One test process runs this module under ``make test`` (pytest-xdist): its module fixture tunes a model once.
+pytestmark = pytest.mark.xdist_group("report")
+
 CONFIG = CompilationConfig.for_cpu(["tvm", "onnxruntime"])
 TVM, ORT = CONFIG.scope_for("tvm"), CONFIG.scope_for("onnxruntime")
 

@@ -98,7 +98,8 @@ def _status_row(name: str, attrs: dict, trials: dict[str, int], now: float) -> l
     if state.startswith("running") and (phase := (attrs.get("running") or {}).get("phase")):
         state += f": {phase}"
     memory = _memory_cell(attrs.get("memory"))
-    refined = (f"{trials.get(attrs['refine_study'], 0)}/{attrs.get('n_trials', '?')}"
+    bound = attrs.get("n_trials", "?")  # None: a budget's refinement, until it converges
+    refined = (f"{trials.get(attrs['refine_study'], 0)}" + (f"/{bound}" if bound is not None else " (to convergence)")
                if attrs.get("refine_study") else "-")
     plan = attrs.get("best_plan")
     if plan is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from partune.core.errors import clean_error
+from partune.search.budget import PATIENCE
 from partune.search.session import NOT_MEASURED
 
 NOISE = 0.03  # ratios closer to 1 than this are ties: run-to-run noise of interleaved medians
@@ -66,6 +67,9 @@ def summarise(result, model) -> str:
         if result.tuning.achieved:
             lines.append("  speed-up of tuning over default schedules, measured: " + ", ".join(
                 f"{kind} {min(s):.1f}-{max(s):.1f}x ({len(s)})" for kind, s in sorted(result.tuning.achieved.items())))
+    if result.refined is not None:
+        lines.append(f"refinement: {result.refined.trials} plan variants in its study" + (
+            f", converged (no faster variant in the last {PATIENCE} trials)" if result.refined.converged else ""))
     lines.append(f"search {result.search_s:.1f} s; candidates {result.counts.candidates}; measurements made "
                  f"{result.counts.measured} ({result.counts.failed} failed), reused {result.counts.reused}"
                  + ("; stopped early at --timeout" if result.timed_out else ""))

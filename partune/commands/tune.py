@@ -18,8 +18,10 @@ from partune.commands.common import (
     sqlite_file,
 )
 from partune.commands.summary import summarise
+from partune.search.budget import Budget
 
-DEFAULT_TUNE_BUDGET_S = 600.0  # when tvm-tuned is named without --tune-budget
+DEFAULT_TUNE_BUDGET_S = 600.0  # when tvm-tuned is named without --tune-budget or --timeout
+DEFAULT_REFINE_TRIALS = 8  # without --timeout; with one, refinement runs until it converges
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -41,7 +43,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                             lambda status: (bars.advance(status), beat.tick()))
     try:
         result = tune(job.model, job.backends, runner, job.store, threads=args.threads, pins=job.pins,
-                      deadline=job.deadline, progress=progress,
+                      deadline=job.budget.until if job.budget else None, budget=job.budget, progress=progress,
                       peers=job.peers, refine_trials=args.refine_trials, previous=job.previous,
                       cost_model=job.cost_model, memory=args.objective == "latency+memory",
                       worker_only=args.worker, tune_budget_s=job.tune_budget, tune_trials=args.tune_trials,
@@ -77,7 +79,7 @@ class _Job:
     model: object
     backends: list[str]
     tune_budget: float
-    deadline: float | None
+    budget: Budget | None
     pins: dict
     measure_timeout: float
     store: object
@@ -89,7 +91,6 @@ class _Job:
 
 def _prepare(args: argparse.Namespace) -> _Job:
     """Backends, budgets, pins, the store and the study: every bad input refused before any work."""
-    import time
 
     import optuna
 
@@ -98,20 +99,11 @@ def _prepare(args: argparse.Namespace) -> _Job:
     from partune.runners.peers import PEER_LABELS
     from partune.store.measurements import MeasurementStore
 
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    tune_budget = parse_duration(args.tune_budget) if args.tune_budget else 0.0
-    if tune_budget > 0:
-        backends += [n for n in registry.names() if registry.get(n).autotuned and n not in backends]
-    for b in backends:
-        registry.get(b)
+    budget = Budget.of(parse_duration(args.timeout)) if args.timeout else None  # counts the import too
+    backends, named, tune_budget = _backends(args, budget)
     _check_precision(args, backends)
-    if any(registry.get(b).autotuned for b in backends):
-        tune_budget = tune_budget or DEFAULT_TUNE_BUDGET_S
-        # Beside the store: tuning records serve every later run and model, like measurements.
-        if registry.settings().tuning_database is None:
-            database = os.path.abspath(beside_store(args.storage, ".tuning"))
-            registry.configure(replace(registry.settings(), tuning_database=database))
-    deadline = time.monotonic() + parse_duration(args.timeout) if args.timeout else None
+    if args.refine_trials is None:  # with a budget: until refinement converges (None)
+        args.refine_trials = None if budget is not None else DEFAULT_REFINE_TRIALS
     model = load_model(args)
     pins = dict(model.pins)
     for node, scope in parse_pins(args.pin, model).items():
@@ -129,7 +121,7 @@ def _prepare(args: argparse.Namespace) -> _Job:
     store = MeasurementStore(args.storage, device,
                              claim_ttl_s=max(1800.0, 3 * measure_timeout), heartbeat_s=args.heartbeat,
                              retry_failed=args.retry_failed)
-    study_name = args.study or f"{model.name}:{','.join(backends)}" + (
+    study_name = args.study or f"{model.name}:{','.join(named)}" + (
         f":bf16<={args.tolerance:g}" if args.precision == "bf16" else "") + (  # an f32 job never resumes a bf16 plan
         ":same-threads" if args.fewer_threads == "off" and args.threads > 1 else "")
     peers = tuple(p for p in args.peers.split(",") if p and p != "none")
@@ -152,8 +144,40 @@ def _prepare(args: argparse.Namespace) -> _Job:
         args.cost_model = StorageKeptModel(store.storage, shown(args.storage))
     else:
         args.cost_model = FileKeptModel(args.cost_model)
-    return _Job(model, backends, tune_budget, deadline, pins, measure_timeout, store, study, peers,
-                previous_plan(store.storage, study_name), _load_cost_model(args.cost_model, required=not auto))
+    previous = previous_plan(store.storage, study_name)
+    if previous is not None:  # its tuned regions are built from the records beside the store
+        backends += [b for b in previous.backends if b not in backends and registry.get(b).autotuned]
+    if any(registry.get(b).autotuned for b in backends) and registry.settings().tuning_database is None:
+        # Beside the store: tuning records serve every later run and model, like measurements.
+        database = os.path.abspath(beside_store(args.storage, ".tuning"))
+        registry.configure(replace(registry.settings(), tuning_database=database))
+    return _Job(model, backends, tune_budget, budget, pins, measure_timeout, store, study, peers,
+                previous, _load_cost_model(args.cost_model, required=not auto))
+
+
+def _backends(args: argparse.Namespace, budget: Budget | None) -> tuple[list[str], list[str], float]:
+    """The backends on offer; those that name the job's study; seconds of tuning (0: none, or
+    the budget's share).
+
+    ``--tune-budget`` adds the autotuned backends (tvm-tuned) to the study's name, as naming
+    them does. A budget long enough to tune adds them to the offer only: the study keeps its
+    name, so a shorter budget's plan competes again in a longer budget's verdict.
+    """
+    from partune.backends import registry
+
+    named = [b.strip() for b in args.backends.split(",") if b.strip()]
+    for b in named:
+        registry.get(b)
+    autotuned = [n for n in registry.names() if registry.get(n).autotuned]
+    tune_budget = parse_duration(args.tune_budget) if args.tune_budget else 0.0
+    if tune_budget > 0:
+        named += [n for n in autotuned if n not in named]
+    offered = list(named)
+    if budget is not None and budget.tunes and "tvm" in named and args.tune_budget is None:
+        offered += [n for n in autotuned if n not in offered]
+    if budget is None and tune_budget == 0 and any(b in autotuned for b in named):
+        tune_budget = DEFAULT_TUNE_BUDGET_S
+    return offered, named, tune_budget
 
 
 def _check_precision(args: argparse.Namespace, backends: list[str]) -> None:
@@ -329,7 +353,7 @@ class _Bars:
         self._clock(name)
         if self.bar is not None:
             self.bar.close()
-        self.bar = tqdm(total=total, desc=name, unit="run", file=sys.stderr, dynamic_ncols=True)
+        self.bar = tqdm(total=total or None, desc=name, unit="run", file=sys.stderr, dynamic_ncols=True)
 
     def advance(self, status: str) -> None:
         if self.bar is not None:
