@@ -44,13 +44,21 @@ class Model:
     reference_source: str
     torch_module: object | None = None  # for the torch peers in `partune bench`
     torch_recipe: dict | None = None  # how a measuring process rebuilds it: runners/peers.py
-    onnx_bytes: bytes | None = None  # for the onnxruntime peer, when the model came as ONNX
+    onnx_file: Path | None = None  # the user's ONNX file, self-contained: the library peers run it
+    onnx_data: bytes | None = None  # ... or, where it keeps weights in files of their own, inlined
+    onnx_sha256: str | None = None  # of ``onnx_bytes``: a model-file plan runs this file only
     hints: dict[str, SEScope] = field(default_factory=dict)  # var name -> R.hint_on_device scope
     assumed: list[str] = field(default_factory=list)  # input dimensions the file left open
     graph: DataflowGraph = field(init=False)
 
     def __post_init__(self) -> None:
         self.graph = DataflowGraph.from_function(self.mod["main"])
+
+    @property
+    def onnx_bytes(self) -> bytes | None:
+        """The user's ONNX model, read when a peer or an export needs it: a search does not
+        hold it (0.44 GB of a BERT-base search's resident size)."""
+        return self.onnx_data if self.onnx_file is None else self.onnx_file.read_bytes()
 
     @property
     def pins(self) -> dict[int, SEScope]:
@@ -143,15 +151,31 @@ def load_pt2(path: Path) -> Model:
 
 
 def _read_onnx(path: Path):
-    """The model as the user gave it, external weight files included."""
+    """The model as the user gave it, external weight files included; and whether it had any."""
     import onnx
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
     try:
-        proto = onnx.load(str(path), load_external_data=True)
+        proto = onnx.load(str(path), load_external_data=False)
+        external = any(uses_external_data(t) for t in proto.graph.initializer)
+        if external:
+            load_external_data_for_model(proto, str(path.parent))
         onnx.checker.check_model(proto)
     except Exception as e:
         raise ModelError(f"cannot read ONNX model {path}: {str(e).strip().splitlines()[0][:200]}") from e
-    return proto
+    return proto, external
+
+
+def _reference(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The user's file run by onnxruntime: the outputs plans are checked against. The
+    session (its own copy of the weights) is gone before the import makes more copies."""
+    import onnxruntime as ort
+
+    try:
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return flatten_outputs(sess.run(None, feeds))
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own kinds
+        raise ModelError(f"onnxruntime cannot run {path}: {str(e).strip().splitlines()[0][:200]}") from e
 
 
 def _fix_input_shapes(proto, given: dict[str, tuple[int, ...]], assumed: list[str]) -> dict[str, tuple[int, ...]]:
@@ -335,13 +359,20 @@ def _frontend_failure(e: Exception) -> str:
 
 
 def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Model:
+    import hashlib
+
     import onnx
-    import onnxruntime as ort
     from tvm.relax.frontend.onnx import from_onnx
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    proto = _read_onnx(path)
-    original = proto.SerializeToString()  # the user's model, weights inlined: the peer runs this
+    proto, external = _read_onnx(path)
+    if external:  # what the peers run: the weights inlined (a file's bytes alone would lack them)
+        user: dict = {"onnx_data": proto.SerializeToString()}
+        digest = hashlib.sha256(user["onnx_data"]).hexdigest()
+    else:  # the file itself, read again when a peer needs it
+        user = {"onnx_file": path.resolve()}
+        with path.open("rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
     assumed: list[str] = []
     shapes = _fix_input_shapes(proto, input_shapes or {}, assumed)
     init_names = {i.name for i in proto.graph.initializer}
@@ -349,11 +380,7 @@ def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None
     for k, inp in enumerate(i for i in proto.graph.input if i.name not in init_names):
         dtype = onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type).name
         inputs.append(_random_input(shapes[inp.name], dtype, SEED + k))
-    try:
-        sess = ort.InferenceSession(original, providers=["CPUExecutionProvider"])
-        reference = flatten_outputs(sess.run(None, dict(zip(shapes, inputs, strict=True))))
-    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own kinds
-        raise ModelError(f"onnxruntime cannot run {path}: {str(e).strip().splitlines()[0][:200]}") from e
+    reference = _reference(path, dict(zip(shapes, inputs, strict=True)))
     proto = explicit_conv_pads(fold_onnx_shapes(proto))
     unsupported = sorted({n.op_type for n in proto.graph.node} - set(_get_convert_map()) - {"Constant", "If"})
     if unsupported:
@@ -365,9 +392,10 @@ def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None
             mod = from_onnx(proto, shape_dict=shapes, keep_params_in_input=False)
     except Exception as e:  # the frontend raises many kinds
         raise ModelError(f"cannot import {path} to Relax: {_frontend_failure(e)}") from e
+    del proto  # its weights are the module's constants now: one copy fewer while Relax normalises
     try:
         mod = normalise(relax.transform.DecomposeOpsForInference()(mod))
-        return Model(path.stem, mod, inputs, reference, "onnxruntime", onnx_bytes=original, assumed=assumed)
+        return Model(path.stem, mod, inputs, reference, "onnxruntime", onnx_sha256=digest, assumed=assumed, **user)
     except Exception as e:  # noqa: BLE001 - what Relax cannot type or fold is bad input here
         raise ModelError(f"cannot import {path} to Relax: {_frontend_failure(e)}") from e
 

@@ -75,9 +75,14 @@ def onnx_export(module, inputs: list[np.ndarray]) -> bytes:
     return data
 
 
+def user_onnx(model) -> bool:
+    """Whether ``model`` came as an ONNX file (asked without reading it)."""
+    return getattr(model, "onnx_file", None) is not None or getattr(model, "onnx_data", None) is not None
+
+
 def model_origin(model) -> str:
     """Which ONNX graph the library peers run: the user's own file, else an export."""
-    if model.onnx_bytes is not None:
+    if user_onnx(model):
         return "your .onnx file"
     return "torch.onnx.export" if model.torch_module is not None else "Relax-to-ONNX export"
 
@@ -86,7 +91,7 @@ def model_onnx(model) -> bytes:
     """The ONNX graph a user of ``model`` would hand onnxruntime or OpenVINO: their own file,
     else ``torch.onnx.export`` of the torch module, else (a TVMScript model) the whole
     Relax module translated to ONNX. Raises with the reason when there is none."""
-    if model.onnx_bytes is not None:
+    if user_onnx(model):
         return model.onnx_bytes
     if model.torch_module is not None:
         return onnx_export(model.torch_module, model.inputs)
@@ -127,10 +132,11 @@ def available_peers(model, wanted: tuple[str, ...]) -> tuple[str, ...]:
 def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS, folder: str | Path | None = None) -> dict[str, dict]:
     """Specs of the peers a user of ``model`` would pick instead of Partune.
 
-    onnxruntime and OpenVINO run ``model_onnx(model)``: written into ``folder`` and named by
-    the specs (``onnx_file``; a remote worker gets it inlined, ``partune.runners.module_file``),
-    else carried in them as base64 (``onnx``), once per peer: at 24 BERT-768 layers that was
-    2 GB of request text, escaped and copied on both sides. The torch peers need the module.
+    onnxruntime and OpenVINO run ``model_onnx(model)``: the user's own file, else an export
+    written into ``folder``, named by the specs (``onnx_file``; a remote worker gets it
+    inlined, ``partune.runners.module_file``); without a folder, an export is carried in them
+    as base64 (``onnx``), once per peer: at 24 BERT-768 layers that was 2 GB of request text,
+    escaped and copied on both sides. The torch peers need the module.
     A peer that cannot be packaged (an export that fails) is an "unavailable" spec with
     its one-line reason; one the library cannot read fails where it is built.
     """
@@ -138,7 +144,9 @@ def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS, folder: str | Pat
     libraries = [k for k in available_peers(model, wanted) if k in LIBRARY_PEERS or k in BF16_PEERS]
     if libraries:
         try:
-            if folder is not None:
+            if getattr(model, "onnx_file", None) is not None:  # the user's own file: no copy
+                onnx = {"onnx_file": str(model.onnx_file)}
+            elif folder is not None:
                 path = Path(folder) / "peer.onnx"
                 if not path.exists():
                     path.write_bytes(model_onnx(model))

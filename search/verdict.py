@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from partune.backends.model_file import sha256
 from partune.core.errors import clean_error
 from partune.core.graph import DataflowGraph
 from partune.core.keys import plan_key, verdict_key
@@ -161,8 +160,7 @@ def emit(s: SearchSession, finalists: dict[str, Plan]) -> None:
     file = None
     if file_peer is not None and (not judged or verdict[file_peer].median_s < judged[best].median_s):
         # No plan beat a library on the model's own file: that is the plan (never slower than it).
-        file = ModelFile(peer_kind(file_peer), model_origin(s.model),
-                         sha256(s.model.onnx_bytes) if s.model.onnx_bytes else None)
+        file = ModelFile(peer_kind(file_peer), model_origin(s.model), getattr(s.model, "onnx_sha256", None))
         notes = {k: v for k, v in notes.items() if k not in ("rel_error", "tolerance")}  # the file is f32
         notes |= {"kind": "model file", "chosen_as": file_peer, "measured_s": verdict[file_peer].cost_s,
                   "best_partitioned": best,

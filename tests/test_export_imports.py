@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 from onnx import TensorProto, helper
 
@@ -75,4 +78,15 @@ def test_onnx_with_external_weights_loads(tmp_path):
               all_tensors_to_one_file=True, location="ext.onnx.data", size_threshold=0)
     assert (tmp_path / "ext.onnx.data").stat().st_size > 0
     model = load(str(tmp_path / "ext.onnx"))
-    assert _rel_err(model.reference, load(str(path)).reference) < 1e-6
+    whole = load(str(path))
+    assert _rel_err(model.reference, whole.reference) < 1e-6
+    # A self-contained file is not held by the search: the peers read it when they run.
+    assert whole.onnx_data is None and whole.onnx_file == path.resolve()
+    assert whole.onnx_bytes == path.read_bytes() and whole.onnx_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    # One with external weights is held with them inlined: a peer given the file alone would lack them.
+    inlined = onnx.load_from_string(model.onnx_bytes)
+    assert model.onnx_file is None and all(not t.external_data for t in inlined.graph.initializer)
+    assert model.onnx_sha256 == hashlib.sha256(model.onnx_bytes).hexdigest()
+    ort = onnxruntime.InferenceSession(model.onnx_bytes, providers=["CPUExecutionProvider"])
+    names = [i.name for i in ort.get_inputs()]
+    assert _rel_err(ort.run(None, dict(zip(names, model.inputs, strict=True))), model.reference) < 1e-6
