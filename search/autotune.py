@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 
 
 def autotune(s: SearchSession, budget: float) -> None:
-    """Tune for at most ``budget`` seconds (and never past the deadline)."""
+    """Tune for at most ``budget`` seconds (and never past the deadline); a long time budget
+    also tries regions that only an unusually good tuning would make win (``Budget.optimism``)."""
+    optimism = s.options.budget.optimism if s.options.budget is not None else 1.0
     stop = time.monotonic() + budget
     deadline = s.options.deadline or stop
     done: set[str] = set()  # structures tuned (or tried) in this run
@@ -34,7 +36,8 @@ def autotune(s: SearchSession, budget: float) -> None:
 
     def remaining() -> list[TuningChoice]:
         """The order of what is left to tune, with the speed-ups measured so far."""
-        order = tuning_order(s.graph, tunable, others, s.cost, s.config.default.backend, s.result.tuning.achieved)
+        order = tuning_order(s.graph, tunable, others, s.cost, s.config.default.backend, s.result.tuning.achieved,
+                             optimism)
         return _wanted(s, [t for t in order if t.structure not in done], structure)
 
     order = remaining()

@@ -5,7 +5,8 @@ plans, ``--refine-trials`` variants, and a small model is done in minutes. Given
 (an overnight job), the time left after the candidates goes where the search expects gains:
 
 - **tuning** (MetaSchedule) of the TVM regions that the DP would take if they tuned as
-  expected (``partune.search.autotune`` picks them, most gain first), with half of what is
+  expected, or on longer budgets as hoped (``Budget.optimism``; ``partune.search.autotune``
+  picks them, most gain first), with half of what is
   left; budgets of at least ``TUNE_FROM_S`` put tvm-tuned on offer (below that, a tuning
   run buys too little), shorter ones tune only where the user named it;
 - **refinement** (Optuna) for the rest, until no variant in ``PATIENCE`` trials beat the
@@ -44,6 +45,14 @@ class Budget:
     def tunes(self) -> bool:
         """Whether this budget is long enough to tune TVM regions."""
         return self.total_s >= TUNE_FROM_S
+
+    @property
+    def optimism(self) -> float:
+        """How much more than usual tuning may be hoped to buy when picking regions to tune:
+        1 up to ``TUNE_FROM_S``, then growing with the square root of the budget (1.7 at 90
+        minutes, 4 at 8 hours). The night is spent on regions that would win only if
+        tuning went unusually well; each region tuned corrects the hope for its kind."""
+        return max(1.0, self.total_s / TUNE_FROM_S) ** 0.5
 
     @property
     def until(self) -> float:

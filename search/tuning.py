@@ -56,24 +56,29 @@ def anchor_kind(graph: DataflowGraph, nodes: tuple[int, ...]) -> str:
     return max(known, key=TYPICAL_SPEEDUP.__getitem__, default="other")
 
 
-def expected_speedup(kind: str, achieved: Mapping[str, Sequence[float]] | None = None) -> float:
+def expected_speedup(kind: str, achieved: Mapping[str, Sequence[float]] | None = None,
+                     optimism: float = 1.0) -> float:
     """What tuning should bring a region of ``kind`` (``anchor_kind``): its prior, or, once regions of that
     kind were tuned in this run, the geometric mean of the prior and what they achieved
-    (measured, untuned / tuned), so a wrong prior is corrected after one or two regions."""
-    prior = TYPICAL_SPEEDUP.get(kind, OTHER_SPEEDUP)
+    (measured, untuned / tuned), so a wrong prior is corrected after one or two regions.
+
+    ``optimism`` scales the prior: a long budget (``partune.search.budget``) can afford to
+    try regions that would win only if tuning bought more than it usually does; what they
+    then achieve pulls the estimate back."""
+    prior = TYPICAL_SPEEDUP.get(kind, OTHER_SPEEDUP) * optimism
     seen = [s for s in (achieved or {}).get(kind, ()) if s > 0 and math.isfinite(s)]
     return math.exp(sum(map(math.log, [prior, *seen])) / (1 + len(seen)))
 
 
 def tuning_order(graph: DataflowGraph, tunable: list[Candidate], others: list[Candidate],
                  cost: Callable[[Candidate], float], native: str,
-                 achieved: Mapping[str, Sequence[float]] | None = None) -> list[TuningChoice]:
+                 achieved: Mapping[str, Sequence[float]] | None = None, optimism: float = 1.0) -> list[TuningChoice]:
     """The tunable candidates worth tuning, most expected gain first.
 
     ``others`` are the measured candidates of every other backend; ``cost`` gives their
     measured cost (inf when not measured or failed); ``native`` is the untuned TVM
     backend whose measurement of the same nodes anchors the estimate; ``achieved`` holds
-    the speed-ups measured so far per kind (``expected_speedup``).
+    the speed-ups measured so far per kind, and ``optimism`` scales the priors (``expected_speedup``).
     """
     best: dict[tuple[int, ...], float] = {}
     untuned: dict[tuple[int, ...], float] = {}
@@ -92,7 +97,7 @@ def tuning_order(graph: DataflowGraph, tunable: list[Candidate], others: list[Ca
         c = members[0]
         nodes = c.subgraph.nodes
         kind = anchor_kind(graph, nodes)
-        speedup = expected_speedup(kind, achieved)
+        speedup = expected_speedup(kind, achieved, optimism)
         if speedup <= 1.0 or not math.isfinite(untuned.get(nodes, math.inf)):
             continue
         other = best.get(nodes, math.inf)

@@ -37,6 +37,25 @@ def test_only_regions_with_an_expected_gain_are_tuned_most_gain_first():
     assert math.isclose(order[1].gain_s, 1.4e-6 - 1e-6)
 
 
+def test_a_long_budget_also_tries_what_would_win_only_if_tuning_went_well():
+    """The sum (12 us untuned, 3 us elsewhere) wins only if tuning buys 4x, not the usual 3x:
+    a 90-minute budget's optimism (1.7) tries it; what it achieves then corrects the hope."""
+    from partune.search.budget import Budget
+
+    g = DataflowGraph.from_function(Residual["main"])  # conv2d -> relu -> add -> sum
+    tunable, others = [_cand(g, (3,), "tvm-tuned")], [_cand(g, (3,), "tvm"), _cand(g, (3,), "onnxruntime")]
+    cost = {(3, "tvm"): 12e-6, (3, "onnxruntime"): 3e-6}
+
+    def order(optimism, achieved=None):
+        return tuning_order(g, tunable, others, lambda c: cost[(*c.subgraph.nodes, c.backend)], "tvm", achieved,
+                            optimism)
+
+    assert Budget.of(1800).optimism == 1.0 and not order(Budget.of(1800).optimism)
+    hope = Budget.of(5400).optimism
+    assert 1.7 < hope < 1.8 and [t.candidate.subgraph.nodes for t in order(hope)] == [(3,)]
+    assert not order(hope, {"sum": [1.5]})  # tuned sums came out 1.5x here: the hope is gone
+
+
 def test_a_kind_that_tuned_badly_here_stops_taking_the_budget():
     g = DataflowGraph.from_function(Residual["main"])  # conv2d -> relu -> add -> sum
     tunable = [_cand(g, (0, 1), "tvm-tuned"), _cand(g, (2,), "tvm-tuned")]
