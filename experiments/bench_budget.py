@@ -4,7 +4,8 @@ For each model, one store: ``partune tune MODEL --timeout B`` for each budget in
 order (defaults, all four backends, the peers on), so that a shorter budget's plan competes
 again in a longer budget's verdict. Then every emitted plan is timed against the others
 in this process, interleaved. A longer budget's plan should never be slower, beyond 2%.
-Writes experiments/results/budget.md (and .json).
+Writes experiments/results/budget.md (and .json); a budget run again replaces its row, and
+every budget's plan of the model is timed again with the others.
 
     python experiments/bench_budget.py gpt2-small mobilenet_v2-small --budgets 10m 30m 90m
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from experiments.bench_vs_peers import EXPORTS, RESULTS, _commit, _export  # noqa: E402
+from partune.commands.common import parse_duration  # noqa: E402
 
 SLOWER_AT_MOST = 1.02  # a longer budget's plan against the shorter ones'
 
@@ -68,15 +70,19 @@ def time_plans(spec: str, flags: list[str], plans: dict[str, Path], threads: int
     return {label: m.median_s for label, m in time_interleaved(fns, rounds=15).items()}
 
 
-def bench(name: str, budgets: list[str], folder: Path) -> dict:
+def bench(name: str, budgets: list[str], folder: Path, earlier: dict | None) -> dict:
+    """Run ``budgets`` on the model's store; keep the rows of budgets run before (``earlier``)
+    and not now, and time every budget's plan (this run's and those) interleaved."""
     spec, flags = _export(name, folder) if name in EXPORTS else (name, [])
     storage = f"sqlite:///{folder / name}.db"
-    rows = [_run(spec, flags, b, storage, folder / f"{name}.{b}.plan.json") for b in budgets]
-    ok = {r["budget"]: folder / f"{name}.{r['budget']}.plan.json" for r in rows if "error" not in r}
+    new = {b: _run(spec, flags, b, storage, folder / f"{name}.{b}.plan.json") | {"at": _commit()} for b in budgets}
+    rows = {r["budget"]: r for r in (earlier or {}).get("rows", [])} | new
+    rows = dict(sorted(rows.items(), key=lambda kv: parse_duration(kv[0])))
+    ok = {b: folder / f"{name}.{b}.plan.json" for b, r in rows.items() if "error" not in r}
     if ok:
         for budget, median in time_plans(spec, flags, ok).items():
-            next(r for r in rows if r["budget"] == budget)["median_s"] = median
-    return {"model": name, "rows": rows, "measured": f"{time.strftime('%Y-%m-%d %H:%M')} at {_commit()}"}
+            rows[budget]["median_s"] = median
+    return {"model": name, "rows": list(rows.values()), "measured": f"{time.strftime('%Y-%m-%d %H:%M')} at {_commit()}"}
 
 
 def table(results: list[dict]) -> str:
@@ -85,11 +91,11 @@ def table(results: list[dict]) -> str:
         lines += [f"### {res['model']} ({res['measured']})", "",
                   "| --timeout | wall min | measurements made | tuned (regions, trials, s) | refinement trials | "
                   "emitted plan | plan ms (interleaved) | x the shorter budgets' best | x best peer (verdict) | "
-                  "time by phase |", "|" + "---|" * 10]
+                  "time by phase | at |", "|" + "---|" * 11]
         best = None
         for r in res["rows"]:
             if "error" in r:
-                lines.append(f"| {r['budget']} | {r['wall_s'] / 60:.1f} | failed: {r['error']} |" + " |" * 7)
+                lines.append(f"| {r['budget']} | {r['wall_s'] / 60:.1f} | failed: {r['error']} |" + " |" * 8)
                 continue
             ms = r.get("median_s")
             vs = f"{best / ms:.3f}" if best and ms else "-"
@@ -98,7 +104,7 @@ def table(results: list[dict]) -> str:
             trials = f"{r['refine_trials']}" + (" (converged)" if r["converged"] else "")
             lines.append(f"| {r['budget']} | {r['wall_s'] / 60:.1f} | {r['measurements']} | {tuned} | {trials} | "
                          f"{r['plan']} | {ms * 1e3:.3f} | {vs} | "
-                         f"{r['speedup']:.2f}x {r['best_peer']} | {r['phases']} |" if ms else "")
+                         f"{r['speedup']:.2f}x {r['best_peer']} | {r['phases']} | {r.get('at', '')} |" if ms else "")
         lines.append("")
     return "\n".join(lines)
 
@@ -112,10 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     folder = Path(args.folder)
     folder.mkdir(parents=True, exist_ok=True)
-    results = [bench(name, args.budgets, folder) for name in args.models]
+    out = Path(args.out)
+    earlier = {r["model"]: r for r in json.loads(out.with_suffix(".json").read_text())} if out.with_suffix(
+        ".json").exists() else {}
+    results = earlier | {name: bench(name, args.budgets, folder, earlier.get(name)) for name in args.models}
+    results = list(results.values())
     text = table(results)
     print(text)
-    out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))
     out.write_text(
         "# Plan quality against time budget\n\n"

@@ -48,7 +48,7 @@ def autotune(s: SearchSession, budget: float) -> None:
         key = tune_one(s, choice.candidate, left)
         s.tuned[s.keys[choice.candidate]] = key
         if key not in s.store:
-            s.measure_candidates({key: choice.candidate})
+            s.measure_candidates({key: choice.candidate}, phase=False)  # still the tuning phase
         if math.isfinite(tuned_s := s.cost(choice.candidate)) and tuned_s > 0:
             s.result.tuning.achieved.setdefault(choice.kind, []).append(choice.untuned_s / tuned_s)
         s.progress.advance(f"{choice.kind} x{choice.occurrences}: {choice.untuned_s * 1e6:.0f} us untuned, "

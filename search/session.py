@@ -158,12 +158,14 @@ class SearchSession:
         trim()  # the whole-model build that captured them is gone: BERT-768 12 layers 4.4 -> 2.9 GB
         return values or {}
 
-    def measure_candidates(self, batch: dict[str, Candidate], meanwhile=None) -> None:
+    def measure_candidates(self, batch: dict[str, Candidate], meanwhile=None, phase: bool = True) -> None:
         """Measure ``batch`` (key -> candidate) in order; a deadline stops it. ``meanwhile``
-        runs once no key is left that another worker holds, before those are waited for."""
+        runs once no key is left that another worker holds, before those are waited for.
+        Without ``phase`` the measuring is part of the phase under way (a tuned region's)."""
         if batch and self.values is None:
             self.values = self.capture()
-        self.progress.start_phase("measure candidates", len(batch))
+        if phase:
+            self.progress.start_phase("measure candidates", len(batch))
         # Keys another worker holds are left for last: by then they are usually stored.
         held = {k for k in batch if self.store.claims.holder(k) is not None}
         order = [k for k in batch if k not in held] + [k for k in batch if k in held]
@@ -172,14 +174,15 @@ class SearchSession:
             self.values or None))
         # Keys another worker is measuring are skipped, then waited for once the rest are done:
         # workers on one storage split the work instead of queueing behind each other.
-        deferred = self._measure(batch, order, ahead, wait=False)
+        deferred = self._measure(batch, order, ahead, wait=False, shown=phase)
         if meanwhile is not None:
             meanwhile()
-            if deferred:
+            if deferred and phase:
                 self.progress.start_phase("measure candidates", len(deferred))
-        self._measure(batch, deferred, ahead, wait=True)
+        self._measure(batch, deferred, ahead, wait=True, shown=phase)
 
-    def _measure(self, batch: dict[str, Candidate], keys: list[str], ahead: Lookahead, wait: bool) -> list[str]:
+    def _measure(self, batch: dict[str, Candidate], keys: list[str], ahead: Lookahead, wait: bool,
+                 shown: bool = True) -> list[str]:
         """Measure ``keys`` in order; without ``wait``, the keys other workers held are returned."""
         deadline, deferred = self.options.deadline, []
         for key in keys:
@@ -198,8 +201,9 @@ class SearchSession:
             self.counts.took(took, m.ok)
             if took:
                 self.result.trained.append((c, m))
-            self.progress.advance(f"{c.backend} {region_label(self.graph, c.subgraph.nodes, width=32)}: "
-                                  + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
+            if shown:
+                self.progress.advance(f"{c.backend} {region_label(self.graph, c.subgraph.nodes, width=32)}: "
+                                      + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
         return deferred
 
     def obtain(self, key: str, take, label: str, deadline: float | None = None,
