@@ -54,6 +54,7 @@ def time_plans(spec: str, flags: list[str], plans: dict[str, Path], threads: int
     """Median latency of each emitted plan (partitioned, or the model's own file under a
     library), timed in this process in interleaved rounds."""
     from experiments.bench_cost_model import _shapes
+    from partune.core.keys import plan_key
     from partune.core.plan import Plan
     from partune.models import load
     from partune.runners.builder import build_model_file, build_plan
@@ -61,13 +62,20 @@ def time_plans(spec: str, flags: list[str], plans: dict[str, Path], threads: int
     from partune.runners.timing import time_interleaved
 
     model = load(spec, _shapes(flags) or None)
-    fns = {}
+    fns, same = {}, {}  # one timing per distinct plan: a budget that emitted the same plan gets it too
     for label, path in plans.items():
         plan = Plan.load(path)
+        key = repr(plan.model_file) if plan.model_file is not None else plan_key(plan)
+        if key in same.values():
+            same[label] = key
+            continue
+        same[label] = key
         built = (build_model_file(plan, model_onnx(model), model.inputs, threads) if plan.model_file is not None
                  else build_plan(plan, model.mod, model.graph))
         fns[label] = built.prepare(model.inputs)
-    return {label: m.median_s for label, m in time_interleaved(fns, rounds=15).items()}
+    medians = {label: m.median_s for label, m in time_interleaved(fns, rounds=21).items()}
+    first = {key: label for label, key in reversed(same.items())}
+    return {label: medians[first[key]] for label, key in same.items()}
 
 
 def bench(name: str, budgets: list[str], folder: Path, earlier: dict | None) -> dict:
@@ -131,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "`experiments/bench_budget.py`: one store per model, `partune tune MODEL --timeout B` for each budget, "
         "shortest first (defaults: all four backends, 1 thread, the peers on), so that a shorter budget's "
         "plan competes in a longer one's verdict; then every emitted plan timed against the others in one "
-        "process, interleaved (medians of 15 rounds). *x the shorter budgets' best* above 1: the longer "
+        "process, interleaved (medians of 21 rounds; a budget that emitted the same plan as a shorter one shares its timing). *x the shorter budgets' best* above 1: the longer "
         f"budget's plan is faster; it should never be below {1 / SLOWER_AT_MOST:.2f}.\n\n" + text + "\n")
     return 0
 
