@@ -120,7 +120,8 @@ def table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="+", help="zoo names or architectures of experiments/architectures.py")
-    p.add_argument("--budgets", nargs="+", default=["10m", "30m", "90m"], help="--timeout values, shortest first")
+    p.add_argument("--budgets", nargs="*", default=["10m", "30m", "90m"],
+                   help="--timeout values, shortest first (none: time the plans of the earlier runs again)")
     p.add_argument("--folder", default="/tmp/partune-budget", help="stores, exports and plans")
     p.add_argument("--out", default=str(RESULTS / "budget.md"))
     args = p.parse_args(argv)
