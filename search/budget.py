@@ -6,9 +6,9 @@ plans, ``--refine-trials`` variants, and a small model is done in minutes. Given
 
 - **tuning** (MetaSchedule) of the TVM regions that the DP would take if they tuned as
   expected, or on longer budgets as hoped (``Budget.optimism``; ``partune.search.autotune``
-  picks them, most gain first), with half of what is
-  left; budgets of at least ``TUNE_FROM_S`` put tvm-tuned on offer (below that, a tuning
-  run buys too little), shorter ones tune only where the user named it;
+  picks them, most gain first), with half of what is left; budgets of at least
+  ``TUNE_FROM_S`` put tvm-tuned on offer (below that, a tuning run buys too little),
+  shorter ones tune only where the user named it;
 - **refinement** (Optuna) for the rest, until no variant in ``PATIENCE`` trials beat the
   best, the variants run out, or the time is up;
 - the **verdict** keeps the last ``RESERVE_SHARE`` of the budget (at least ``RESERVE_MIN_S``).
