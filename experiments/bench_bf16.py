@@ -38,6 +38,7 @@ def tune_bf16(spec: str, flags: list[str], args, out: Path) -> dict:
     """One ``partune tune --precision bf16`` run, read back from its plan's notes."""
     cmd = [sys.executable, "-m", "partune.cli", "--threads", str(args.threads), *flags, "tune", spec,
            "--backends", args.backends, "--storage", args.storage, "--timeout", args.timeout,
+           "--refine-trials", "8",  # the default search's fixed work: the timeout only bounds it
            "--precision", "bf16", "--tolerance", str(args.tolerance), "-o", str(out)]
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)

@@ -65,7 +65,7 @@ def _count(path: str, flags: list[str], backends: str) -> dict:
 
 def _tune(path: str, flags: list[str], storage: str, out: Path, args) -> dict:
     cmd = [sys.executable, "-m", "partune.cli", "--threads", "1", *flags, "tune", path, "--backends", args.backends,
-           "--storage", storage, "--peers", args.peers, "--timeout", args.timeout, "-o", str(out)]
+           "--storage", storage, "--peers", args.peers, "-o", str(out)] + (["--timeout", args.timeout] if args.timeout else [])
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     run = {"wall_s": time.monotonic() - start, "command": " ".join(cmd[1:])}
@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("models", nargs="*", help=f"scaling subjects (default: {' '.join(DEFAULT)}; all: {' '.join(ORDER)})")
     p.add_argument("--backends", default="tvm,torch,onnxruntime,openvino")
     p.add_argument("--peers", default="none", help="peers of the verdict (default none: the plan column is '-')")
-    p.add_argument("--timeout", default="8h", help="partune tune --timeout (bounds candidate measuring)")
+    p.add_argument("--timeout", help="partune tune --timeout: a budget to spend (default none: the default "
+                   "search, whose work is fixed)")
     p.add_argument("--warm", action="store_true", help="run each search a second time on its store (fixed costs)")
     p.add_argument("--keep", action="store_true", help="keep each subject's store from an earlier run (default: fresh)")
     p.add_argument("--folder", default="/tmp/partune-scale", help="ONNX exports, stores and plans")

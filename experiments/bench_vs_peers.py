@@ -54,7 +54,8 @@ def _export(name: str, folder: Path, exporter: str = "legacy") -> tuple[str, lis
 
 def tune_one(spec: str, flags: list[str], args, out: Path) -> dict:
     cmd = [sys.executable, "-m", "partune.cli", "--threads", str(args.threads), *flags, "tune", spec,
-           "--backends", args.backends, "--storage", args.storage, "--timeout", args.timeout, "-o", str(out)]
+           "--backends", args.backends, "--storage", args.storage, "--timeout", args.timeout, "-o", str(out),
+           "--refine-trials", "8"]  # the default search's fixed work: the timeout only bounds it
     if args.tune_budget:
         cmd += ["--tune-budget", args.tune_budget, "--tune-trials", str(args.tune_trials)]
     start = time.monotonic()
