@@ -7,6 +7,7 @@ reads replies by their type, and a region's build-cache key is the one the dict 
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import asdict, replace
 
@@ -258,11 +259,16 @@ def test_a_peers_onnx_file_is_read_where_it_is_built_and_inlined_for_a_remote_wo
     from tests.model_files import write_onnx
 
     model = load(str(write_onnx(tmp_path / "tiny.onnx")), {"x": (1, 3, 16, 16)})
-    by_file = peer_specs(model, ("onnxruntime", "openvino"), tmp_path)
-    carried = peer_specs(model, ("onnxruntime", "openvino"))
+    folder = tmp_path / "scratch"
+    folder.mkdir()
+    by_file = peer_specs(model, ("onnxruntime", "openvino"), folder)
     assert all(set(spec) == {"kind", "onnx_file"} for spec in by_file.values())
+    # The user's own file is named, not copied (nor held by the search: ``Model.onnx_bytes``).
+    assert {spec["onnx_file"] for spec in by_file.values()} == {str(tmp_path / "tiny.onnx")}
+    assert not any(folder.iterdir())
+    remote = module_file.inlined(compare_request("{}", {}, by_file, model.inputs))
+    data = base64.b64encode((tmp_path / "tiny.onnx").read_bytes()).decode()
+    assert remote.contenders == {label: {"kind": spec["kind"], "onnx": data} for label, spec in by_file.items()}
     label = peer_label("onnxruntime", model)
     np.testing.assert_allclose(np.asarray(make_peer(by_file[label], model.inputs, 1)()[0]),
-                               np.asarray(make_peer(carried[label], model.inputs, 1)()[0]), rtol=1e-6)
-    remote = module_file.inlined(compare_request("{}", {}, by_file, model.inputs))
-    assert remote.contenders == carried
+                               np.asarray(make_peer(remote.contenders[label], model.inputs, 1)()[0]), rtol=1e-6)
