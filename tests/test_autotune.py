@@ -12,6 +12,7 @@ from partune.core.graph import DataflowGraph
 from partune.core.scopes import SEScope
 from partune.core.subgraph import SubGraph
 from partune.runners.local import LocalRunner
+from partune.runners.timing import Measurement
 from partune.search.candidates import Candidate
 from partune.search.tune import tune
 from partune.search.tuning import tuning_order
@@ -139,3 +140,29 @@ def test_a_tuned_region_is_fused_alone_in_the_whole_model_build():
     names = fused_names(("tvm-tuned", "tvm"))
     assert not any("matmul" in n and "relu" in n for n in names), names
     assert any("matmul" in n for n in names) and any("relu" in n for n in names)
+
+
+def test_what_tuning_achieved_on_this_store_before_starts_the_priors():
+    """A later run (a longer budget) reads untuned / tuned of the regions tuned before: a kind
+    that tuned badly here is not tried again on the usual prior."""
+    from types import SimpleNamespace
+
+    from partune.search.autotune import achieved_before
+
+    g = DataflowGraph.from_function(Residual["main"])  # conv2d -> relu -> add -> sum
+    tunable = [_cand(g, (0, 1), "tvm-tuned"), _cand(g, (3,), "tvm-tuned")]
+    others = [_cand(g, (0, 1), "tvm"), _cand(g, (3,), "tvm"), _cand(g, (3,), "onnxruntime")]
+    keys = {c: f"k{c.subgraph.nodes}{c.backend}" for c in tunable + others}
+
+    def took(seconds: float) -> Measurement:
+        return Measurement(seconds, 0.0, seconds, 1, 1, best_s=seconds)
+
+    stored = {keys[others[0]]: took(100e-6), f"{keys[tunable[0]]}:tuned32": took(50e-6),
+              keys[others[1]]: took(12e-6)}  # the sum was never tuned: nothing known of it
+    s = SimpleNamespace(graph=g, keys=keys, store=SimpleNamespace(get=stored.get),
+                        config=SimpleNamespace(default=SimpleNamespace(backend="tvm")),
+                        options=SimpleNamespace(tune_trials=32))
+    structure = {c: f"s{c.subgraph.nodes}" for c in tunable}
+    assert achieved_before(s, tunable, others, structure) == {"s(0, 1)": ("nn.conv2d", 2.0)}
+    s.options.tune_trials = 64  # a larger --tune-trials tunes further: what 32 trials did is not its answer
+    assert achieved_before(s, tunable, others, structure) == {}
