@@ -35,6 +35,9 @@ def autotune(s: SearchSession, budget: float) -> None:
     structure = {c: region_key(s.graph, c.subgraph.nodes) for c in tunable}
 
     before = achieved_before(s, tunable, others, structure)
+    for c in tunable:  # what earlier runs tuned serves the DP now, picked again below or not
+        if (key := f"{s.keys[c]}:tuned{s.options.tune_trials}") in s.store:
+            s.tuned[s.keys[c]] = key
 
     def remaining() -> list[TuningChoice]:
         """The order of what is left to tune, with the speed-ups measured so far (here, and
