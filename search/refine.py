@@ -167,7 +167,11 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
     heartbeats = bool(getattr(storage, "heartbeat_interval", None))
     while deadline is None or time.monotonic() < deadline:
         if _budget_left(study, n_trials) and not (patience and _converged(study, patience)):
-            study.optimize(objective, n_trials=1, catch=())
+            try:
+                study.optimize(objective, n_trials=1, catch=())
+            except ValueError as e:  # SQLite: two workers may pop one queued (seed) trial; the other
+                if "Cannot tell a" not in str(e):  # told it first, and this one's result is stored
+                    raise
         elif heartbeats and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             time.sleep(POLL_S)
         else:
