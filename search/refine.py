@@ -118,6 +118,16 @@ def _converged(study: optuna.Study, patience: int) -> bool:
     return len(latencies) > patience and min(latencies[-patience:]) >= min(latencies[:-patience])
 
 
+def _one_trial(study: optuna.Study, objective: Callable) -> None:
+    """One trial; on SQLite two workers may pop one queued (seed) trial, and the one that tells
+    second is refused ("Cannot tell a COMPLETE trial"): its measurement is stored, it goes on."""
+    try:
+        study.optimize(objective, n_trials=1, catch=())
+    except ValueError as e:
+        if "Cannot tell a" not in str(e):
+            raise
+
+
 def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted: dict[str, set[int]],
            measure: Callable[[Plan], Measurement], storage: optuna.storages.BaseStorage, study_name: str,
            n_trials: int, *, seed: int = 0, deadline: float | None = None, memory: bool = False,
@@ -167,11 +177,7 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
     heartbeats = bool(getattr(storage, "heartbeat_interval", None))
     while deadline is None or time.monotonic() < deadline:
         if _budget_left(study, n_trials) and not (patience and _converged(study, patience)):
-            try:
-                study.optimize(objective, n_trials=1, catch=())
-            except ValueError as e:  # SQLite: two workers may pop one queued (seed) trial; the other
-                if "Cannot tell a" not in str(e):  # told it first, and this one's result is stored
-                    raise
+            _one_trial(study, objective)
         elif heartbeats and study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             time.sleep(POLL_S)
         else:
