@@ -365,10 +365,12 @@ def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None
     from tvm.relax.frontend.onnx import from_onnx
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
+    from partune.backends.model_file import sha256  # the digest a model-file plan checks
+
     proto, external = _read_onnx(path)
     if external:  # what the peers run: the weights inlined (a file's bytes alone would lack them)
         user: dict = {"onnx_data": proto.SerializeToString()}
-        digest = hashlib.sha256(user["onnx_data"]).hexdigest()
+        digest = sha256(user["onnx_data"])
     else:  # the file itself, read again when a peer needs it
         user = {"onnx_file": path.resolve()}
         with path.open("rb") as f:

@@ -36,7 +36,7 @@ def autotune(s: SearchSession, budget: float) -> None:
 
     before = achieved_before(s, tunable, others, structure)
     for c in tunable:  # what earlier runs tuned serves the DP now, picked again below or not
-        if (key := f"{s.keys[c]}:tuned{s.options.tune_trials}") in s.store:
+        if (key := tuned_key(s, c)) in s.store:
             s.tuned[s.keys[c]] = key
 
     def remaining() -> list[TuningChoice]:
@@ -75,7 +75,7 @@ def achieved_before(s: SearchSession, tunable: list[Candidate], others: list[Can
     untuned = {c.subgraph.nodes: s.store.get(s.keys[c]) for c in others if c.backend == s.config.default.backend}
     out: dict[str, tuple[str, float]] = {}
     for c in {s.keys[c]: c for c in tunable}.values():  # one lookup per key: alike regions share it
-        tuned, plain = s.store.get(f"{s.keys[c]}:tuned{s.options.tune_trials}"), untuned.get(c.subgraph.nodes)
+        tuned, plain = s.store.get(tuned_key(s, c)), untuned.get(c.subgraph.nodes)
         if tuned is not None and plain is not None and tuned.ok and plain.ok and tuned.cost_s > 0:
             out[structure[c]] = (anchor_kind(s.graph, c.subgraph.nodes), plain.cost_s / tuned.cost_s)
     return out
@@ -104,6 +104,11 @@ def _wanted(s: SearchSession, order: list[TuningChoice], structure: dict[Candida
     return [t for t in order if t.structure in used]
 
 
+def tuned_key(s: SearchSession, c: Candidate) -> str:
+    """The key of ``c``'s region tuned with ``--tune-trials`` trials (``tune_one``)."""
+    return f"{s.keys[c]}:tuned{s.options.tune_trials}"
+
+
 def tune_one(s: SearchSession, c: Candidate, left_s: float) -> str:
     """Tune ``c``'s region where it will be measured; the key its tuned measurement goes under.
 
@@ -112,8 +117,7 @@ def tune_one(s: SearchSession, c: Candidate, left_s: float) -> str:
     it got), so the next run resumes it instead of trusting a half-tuned measurement.
     A tuning failure is stored as the failed measurement of that key.
     """
-    trials, base_key = s.options.tune_trials, s.keys[c]
-    key = f"{base_key}:tuned{trials}"
+    trials, base_key, key = s.options.tune_trials, s.keys[c], tuned_key(s, c)
     if key in s.store:
         return key
     request = tune_request(s.mod, s.graph, c.subgraph.nodes, c.scope, trials, left_s)
