@@ -53,8 +53,16 @@ def _digest(*parts: object, data: str | bytes = b"") -> str:
 
 
 def request_key(req: dict) -> str:
-    """The key of a region request's build: module JSON, function, SEScope and backend."""
-    return _digest(FORMAT, req["backend"], req["function"], req["scope"], data=req["module"])
+    """The key of a region request's build: module JSON, function, SEScope and backend; for a
+    region of a whole model's file (``partune.runners.module_file``), the file as it is now
+    and the region's nodes instead of the JSON."""
+    file = req.get("module_file")
+    stamp = None
+    if file:
+        st = os.stat(file)
+        stamp = (file, st.st_mtime_ns, st.st_size, req.get("nodes"))
+    return _digest(FORMAT, req["backend"], req["function"], req["scope"], *([stamp] if stamp else []),
+                   data=req["module"])
 
 
 @functools.cache

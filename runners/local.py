@@ -56,6 +56,7 @@ _SIZES = struct.calcsize("<QQ")  # what follows each reply: the worker's residen
 
 class LocalRunner(Runner):
     startup_timeout_s = 300.0  # importing TVM and torch on a loaded machine
+    reads_local_files = True
 
     def __init__(self, timeout_s: float = 120.0, threads: int = 1,
                  cpus: Iterable[int] | None = None, *, max_requests: int | None = memory.MAX_REQUESTS,

@@ -20,9 +20,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from partune.runners.protocol import CompareRequest, PlanRequest, Request
+from partune.runners.protocol import (
+    BuildRequest,
+    CompareRequest,
+    PlanRequest,
+    RegionRequest,
+    Request,
+)
 
-_PARSED: dict[tuple[str, int, int], Any] = {}  # (path, mtime, size) -> its IRModule; one kept
+_PARSED: dict[tuple[str, int, int], dict[str, Any]] = {}  # (path, mtime, size) -> its IRModule (and graph); one kept
 LIFTED = 4096  # bytes: a constant this large goes to the parameter file, smaller ones stay in the JSON
 _PREFIX = "__partune_const_"  # the parameters that stand for lifted constants
 
@@ -108,12 +114,16 @@ def _count(shape: Any) -> int:
 
 
 def inlined(request: Request) -> Request:
-    """``request`` with the files it names inlined, for a worker elsewhere: the model's text,
-    and the peers' ONNX files (``partune.runners.peers``) as base64."""
+    """``request`` with the files it names inlined, for a worker elsewhere: the model's text (a
+    region's: its region's), and the peers' ONNX files (``partune.runners.peers``) as base64."""
     if isinstance(request, (PlanRequest, CompareRequest)) and request.module_file is not None:
         import tvm
 
         request = replace(request, module=tvm.ir.save_json(read(request.module_file)), module_file=None)
+    if isinstance(request, RegionRequest) and request.module_file is not None:
+        import tvm
+
+        request = replace(request, module=tvm.ir.save_json(region(request)), module_file=None, nodes=None)
     if isinstance(request, CompareRequest) and any(isinstance(c, dict) and "onnx_file" in c
                                                    for c in request.contenders.values()):
         request = replace(request, contenders={label: _inline_onnx(c) for label, c in request.contenders.items()})
@@ -134,11 +144,29 @@ def load(request: PlanRequest | CompareRequest) -> Any:
 
     if request.module_file is None:
         return tvm.ir.load_json(request.module)
-    stat = os.stat(request.module_file)
-    key = (request.module_file, stat.st_mtime_ns, stat.st_size)
+    return _cached(request.module_file)["mod"]
+
+
+def region(request: RegionRequest | BuildRequest) -> Any:
+    """The region module (one function, ``region``) of a request that names its whole model's
+    file: lifted here from the model (``partune.runners.builder.region_module``), which is read
+    once while the file is unchanged."""
+    from partune.core.graph import DataflowGraph
+    from partune.runners.builder import region_module
+
+    assert request.module_file is not None and request.nodes is not None
+    model = _cached(request.module_file)
+    if "graph" not in model:
+        model["graph"] = DataflowGraph.from_function(model["mod"]["main"])
+    return region_module(model["mod"], model["graph"], request.nodes)
+
+
+def _cached(path: str) -> dict[str, Any]:
+    stat = os.stat(path)
+    key = (path, stat.st_mtime_ns, stat.st_size)
     if key not in _PARSED:
         _PARSED.clear()  # the model searched before this one
-        _PARSED[key] = read(request.module_file)
+        _PARSED[key] = {"mod": read(path)}
     return _PARSED[key]
 
 

@@ -59,6 +59,7 @@ _SAME: _Codec = (lambda v: v, lambda v: v)
 _SCOPE: _Codec = (SEScope.to_json, SEScope.from_json)
 _PROTOCOL: _Codec = (asdict, lambda d: Protocol(**d))
 _ARRAYS: _Codec = (list, tuple)  # base64 .npy texts (``encode_array``)
+_NODES: _Codec = (list, tuple)
 _PLAN: _Codec = (Plan.to_json, Plan.from_json)
 _SETTINGS: _Codec = (Settings.to_json, Settings.from_json)
 _MEASUREMENT: _Codec = (Measurement.to_json, lambda d: Measurement(**d))
@@ -108,6 +109,9 @@ class _Message:
 class RegionRequest(_Message):
     """Measure one region in isolation: ``function`` of ``module`` (TVM JSON) on ``scope``.
 
+    Or, with ``module_file`` (and ``module`` empty), the region of ``nodes`` of that whole
+    model's file (``partune.runners.module_file``), which the worker lifts itself: a request
+    then carries no weights (a BERT-768 layer is 16 MB of JSON, made and parsed per request).
     ``inputs``: what the region reads inside the model (else the worker draws random ones).
     ``build_cache``: a directory where a build pool may have built it (``build_cache_once``:
     remove the entry once loaded). ``threads`` and ``settings`` are set by the runner.
@@ -115,7 +119,7 @@ class RegionRequest(_Message):
 
     kind: ClassVar[str] = "region"
     _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "protocol": _PROTOCOL, "inputs": _ARRAYS,
-                                            "settings": _SETTINGS}
+                                            "settings": _SETTINGS, "nodes": _NODES}
     backend: str
     scope: SEScope
     module: str
@@ -126,6 +130,8 @@ class RegionRequest(_Message):
     build_cache_once: bool = False
     threads: int = 1
     settings: Settings | None = None  # None: as the process that handles it has them
+    module_file: str | None = None
+    nodes: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -185,7 +191,7 @@ class BuildRequest(_Message):
     """Build a region into ``build_cache`` (a build pool's worker); nothing is timed."""
 
     kind: ClassVar[str] = "build"
-    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "settings": _SETTINGS}
+    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "settings": _SETTINGS, "nodes": _NODES}
     backend: str
     scope: SEScope
     module: str
@@ -193,11 +199,14 @@ class BuildRequest(_Message):
     build_cache: str
     threads: int = 1
     settings: Settings | None = None  # None: as the process that handles it has them
+    module_file: str | None = None  # as in ``RegionRequest``
+    nodes: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, region: RegionRequest, build_cache: str) -> BuildRequest:
         """The build of ``region``'s kernel into ``build_cache``."""
-        return cls(region.backend, region.scope, region.module, region.function, build_cache)
+        return cls(region.backend, region.scope, region.module, region.function, build_cache,
+                   module_file=region.module_file, nodes=region.nodes)
 
 
 @dataclass(frozen=True)

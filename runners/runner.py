@@ -29,6 +29,9 @@ from partune.runners.timing import Measurement
 class Runner(ABC):
     timeout_s: float = 120.0
     threads: int = 1
+    # Whether its worker reads this machine's files: region requests may then name the model's
+    # file instead of carrying their weights (``partune.runners.builder.region_request``).
+    reads_local_files: bool = False
 
     def addressed(self, request: Request) -> Request:
         """``request`` as this runner sends it: with its thread count and this process's

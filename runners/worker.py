@@ -51,9 +51,11 @@ if TYPE_CHECKING:
 
 
 def _region(req: RegionRequest | TuneRequest | BuildRequest):
-    """The region function a region, tune or build request carries."""
+    """The region function a region, tune or build request carries, or names in its model's file."""
     import tvm
 
+    if getattr(req, "module_file", None) is not None:
+        return module_file.region(req)[req.function]  # type: ignore[arg-type]
     return tvm.ir.load_json(req.module)[req.function]
 
 

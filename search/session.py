@@ -171,7 +171,7 @@ class SearchSession:
         order = [k for k in batch if k not in held] + [k for k in batch if k in held]
         ahead = Lookahead(self.options.build_pool, order, lambda key: region_request(
             self.mod, self.graph, batch[key].subgraph.nodes, batch[key].scope, CANDIDATE_PROTOCOL,
-            self.values or None))
+            self.values or None, model_file=self.module_file if self.runner.reads_local_files else None))
         # Keys another worker is measuring are skipped, then waited for once the rest are done:
         # workers on one storage split the work instead of queueing behind each other.
         deferred = self._measure(batch, order, ahead, wait=False, shown=phase)

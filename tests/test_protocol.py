@@ -251,6 +251,37 @@ def test_a_model_named_by_its_file_is_read_there_once_and_travels_as_text_to_a_r
     assert tvm.ir.save_json(module_file.load(by_file)) == tvm.ir.save_json(Chain)
 
 
+def test_a_region_request_may_name_the_models_file_and_the_worker_lifts_the_region(tmp_path):
+    """A local worker reads the model's file, so a region request names it and its nodes
+    instead of carrying the region's weights as JSON: the same region is measured, with the
+    same inputs; its build has a key of its own per region and per file, the pool's build the
+    same key; and the RPC path gets the region's text back in."""
+    from partune.models import load
+    from tests.model_files import write_mlp_onnx
+
+    model = load(str(write_mlp_onnx(tmp_path / "mlp.onnx", layers=3, width=32)), {})
+    path = module_file.write(model.mod, tmp_path)
+    scope = CONFIG.scope_for("onnxruntime")
+    values = {model.mod["main"].params[0]: np.ones((4, 32), "float32")}
+    values |= {b.var: np.ones((4, 32), "float32") for b in main_bindings(model.mod["main"])}
+    by_text = region_request(model.mod, model.graph, (3, 4, 5), scope, FAST, values, build_cache="/c")
+    by_file = region_request(model.mod, model.graph, (5, 4, 3), scope, FAST, values, build_cache="/c",
+                             model_file=path)
+    assert by_file.module == "" and by_file.nodes == (3, 4, 5) and by_file.inputs == by_text.inputs
+    assert request_from_json(_through_text(by_file.to_json())) == by_file
+    assert len(json.dumps(by_file.to_json())) < len(json.dumps(by_text.to_json())) / 4
+    region = module_file.region(by_file)
+    tvm.ir.assert_structural_equal(region, tvm.ir.load_json(by_text.module), map_free_vars=True)
+    assert module_file.inlined(by_file) == replace(by_file, module=tvm.ir.save_json(region), module_file=None,
+                                                   nodes=None)
+    key = build_cache.request_key(by_file.to_json())
+    assert key != build_cache.request_key(by_text.to_json())
+    assert key == build_cache.request_key(BuildRequest.of(by_file, "/c").to_json())
+    assert key != build_cache.request_key(replace(by_file, nodes=(3, 4)).to_json())
+    for req in (replace(by_text, build_cache=None), replace(by_file, build_cache=None)):
+        assert isinstance(reply := _answer(req), MeasurementReply) and reply.measurement.ok, reply
+
+
 def test_a_models_weights_go_to_a_parameter_file_and_come_back_bound(tmp_path):
     """Large constants are written as binary parameters, not as base64 inside the JSON (0.58 GB
     of text at 12 BERT layers): the JSON stays small, and the model read back is the model
