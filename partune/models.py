@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
-import os
 import re
 import warnings
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from partune.core.errors import ModelError, last_line
 from partune.core.graph import DataflowGraph
 from partune.core.scopes import SEScope
 from partune.model_rewrites import normalise
+from partune.onnx_folding import explicit_conv_pads, fold_onnx_shapes
 from partune.runners.builder import flatten_outputs
 from partune.runners.memory import trim
 from partune.runners.protocol import random_array
@@ -214,134 +214,6 @@ def _fix_input_shapes(proto, given: dict[str, tuple[int, ...]], assumed: list[st
                     d.dim_value = 1
         shapes[inp.name] = tuple(d.dim_value for d in dims)
     return shapes
-
-
-def fold_onnx_shapes(proto):
-    """Shape sub-graphs (Shape/Gather/Concat feeding Reshape) folded to constants.
-
-    Exporters compute reshape targets from ``x.size()`` (torchvision's channel shuffle,
-    most Hugging Face exports, any dynamic axis); once the inputs are static, onnxslim's
-    shape inference and constant folding turn them into constants, so Relax sees static
-    shapes. A model onnxslim cannot process is imported as it is.
-
-    onnxslim runs ONNX shape inference once a round, each time on a serialised copy of the
-    whole model; its weights made that most of a large model's import (BERT-base width, 6
-    layers: 27 s of 33 s). Shape inference reads only their shapes, so it is given the
-    model with the large weights' data left out (``_shape_infer_without_weights``): the
-    folded model is the same (checked on the benchmark's exports, both exporters).
-
-    onnxslim stops after 10 rounds by default, converged or not; a deep model's later layers
-    then keep patterns its first ones lost (BERT at 6 layers: four layers of one form, two of
-    another), so identical layers did not share measurement keys. It runs to convergence.
-    """
-    import onnxslim
-    import onnxslim.core
-
-    infer = onnxslim.core.shape_infer  # onnxslim's slim() looks both up on each call
-    rounds = os.environ.get("ONNXSLIM_MAX_ITER")
-    onnxslim.core.shape_infer = _shape_infer_without_weights(infer)
-    os.environ["ONNXSLIM_MAX_ITER"] = str(SLIM_ROUNDS)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return onnxslim.slim(proto, model_check=False)
-    except Exception:  # noqa: BLE001 - folding is an optimisation, not a requirement
-        return proto
-    finally:
-        onnxslim.core.shape_infer = infer
-        if rounds is None:
-            del os.environ["ONNXSLIM_MAX_ITER"]
-        else:
-            os.environ["ONNXSLIM_MAX_ITER"] = rounds
-
-
-SLIM_ROUNDS = 1000  # onnxslim's rounds stop once a round changes nothing: a bound, not a count
-
-
-_WEIGHT_BYTES = 1 << 16  # tensors this large are weights, not shape data (int64/int32 ones are kept whole)
-
-
-def _shape_infer_without_weights(infer):
-    """``infer`` (model -> model with shapes) run on a copy whose large initializers carry their
-    name, type and dimensions but no data; the shapes it finds are put on the model."""
-    import onnx
-    from onnx import helper
-
-    def header(t):
-        elements = int(np.prod(t.dims, dtype=np.int64))
-        shape_data = t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
-        if shape_data or elements * 4 < _WEIGHT_BYTES or t.data_location == onnx.TensorProto.EXTERNAL:
-            return t
-        return onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
-
-    def run(model):
-        g = model.graph
-        light = helper.make_model(
-            helper.make_graph(g.node, g.name, g.input, g.output, [header(t) for t in g.initializer],
-                              value_info=g.value_info, sparse_initializer=g.sparse_initializer),
-            opset_imports=model.opset_import, ir_version=model.ir_version, functions=model.functions)
-        inferred = infer(light).graph
-        del g.value_info[:]
-        g.value_info.extend(inferred.value_info)
-        del g.output[:]
-        g.output.extend(inferred.output)
-        return model
-
-    return run
-
-
-def explicit_conv_pads(proto):
-    """Conv ``auto_pad`` SAME_UPPER / SAME_LOWER written out as ``pads``, once shapes are static.
-
-    torch exports ``Conv2d(padding="same")`` (Hugging Face EfficientNet, MobileNet-style
-    models) as ``auto_pad=SAME_UPPER``; the Relax frontend turns every such Conv into a
-    TOPI pad (a ``call_tir`` no graph-level backend can take) followed by the conv, even
-    where the padding is zero. With the pads explicit the conv carries them itself.
-    Computed as the ONNX spec says (and TVM's ``autopad``): total = max((ceil(i/s) - 1) * s +
-    (k - 1) * d + 1 - i, 0), the odd element at the end (UPPER) or the start (LOWER).
-    """
-    import onnx
-    from onnx import helper
-
-    def same(node) -> bool:
-        return node.op_type == "Conv" and any(
-            a.name == "auto_pad" and a.s in (b"SAME_UPPER", b"SAME_LOWER") for a in node.attribute)
-
-    convs = [n for n in proto.graph.node if same(n)]
-    if not convs:
-        return proto
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto)
-    except Exception:  # noqa: BLE001 - then the frontend pads as it does
-        return proto
-    g = inferred.graph
-    shapes = {t.name: list(t.dims) for t in g.initializer}
-    for vi in [*g.input, *g.value_info, *g.output]:
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-            shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None
-                               for d in vi.type.tensor_type.shape.dim]
-    for node in convs:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        x, w = shapes.get(node.input[0]), shapes.get(node.input[1])
-        if not x or len(x) < 3 or None in x[2:]:
-            continue
-        spatial = x[2:]
-        kernel = list(attrs.get("kernel_shape") or (w[2:] if w else []))
-        if len(kernel) != len(spatial) or None in kernel:
-            continue
-        strides = list(attrs.get("strides") or [1] * len(spatial))
-        dilations = list(attrs.get("dilations") or [1] * len(spatial))
-        upper = attrs["auto_pad"] == b"SAME_UPPER"
-        begins, ends = [], []
-        for i, k, st, d in zip(spatial, kernel, strides, dilations, strict=True):
-            total = max((-(-i // st) - 1) * st + (k - 1) * d + 1 - i, 0)
-            small, big = total // 2, total - total // 2
-            begins.append(small if upper else big)
-            ends.append(big if upper else small)
-        keep = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
-        del node.attribute[:]
-        node.attribute.extend([*keep, helper.make_attribute("pads", begins + ends)])
-    return proto
 
 
 def _frontend_failure(e: Exception) -> str:
