@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from experiments.bench_cost_model import time_plans  # noqa: E402
 from experiments.bench_vs_peers import EXPORTS, RESULTS, _commit, _export  # noqa: E402
 from partune.commands.common import parse_duration  # noqa: E402
 
@@ -48,34 +49,6 @@ def _run(spec: str, flags: list[str], budget: str, storage: str, out: Path) -> d
                   "tuning": [int(g) for g in tuning.groups()] if tuning else None,
                   "refine_trials": int(refined.group(1)) if refined else 0,
                   "converged": bool(refined and refined.group(2)), "phases": phases.group(1) if phases else ""}
-
-
-def time_plans(spec: str, flags: list[str], plans: dict[str, Path], threads: int = 1) -> dict[str, float]:
-    """Median latency of each emitted plan (partitioned, or the model's own file under a
-    library), timed in this process in interleaved rounds."""
-    from experiments.bench_cost_model import _shapes
-    from partune.core.keys import plan_key
-    from partune.core.plan import Plan
-    from partune.models import load
-    from partune.runners.builder import build_model_file, build_plan
-    from partune.runners.peers import model_onnx
-    from partune.runners.timing import time_interleaved
-
-    model = load(spec, _shapes(flags) or None)
-    fns, same = {}, {}  # one timing per distinct plan: a budget that emitted the same plan gets it too
-    for label, path in plans.items():
-        plan = Plan.load(path)
-        key = repr(plan.model_file) if plan.model_file is not None else plan_key(plan)
-        if key in same.values():
-            same[label] = key
-            continue
-        same[label] = key
-        built = (build_model_file(plan, model_onnx(model), model.inputs, threads) if plan.model_file is not None
-                 else build_plan(plan, model.mod, model.graph))
-        fns[label] = built.prepare(model.inputs)
-    medians = {label: m.median_s for label, m in time_interleaved(fns, rounds=21).items()}
-    first = {key: label for label, key in reversed(same.items())}
-    return {label: medians[first[key]] for label, key in same.items()}
 
 
 def bench(name: str, budgets: list[str], folder: Path, earlier: dict | None) -> dict:

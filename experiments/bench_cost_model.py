@@ -39,16 +39,32 @@ def _made(out: str) -> int:
     return int(re.search(r"measurements made (\d+)", out).group(1))
 
 
-def compare_plans(spec: str, shapes: dict, plans: dict[str, Path]) -> dict[str, float]:
-    """Median latency of each plan, timed in this process in interleaved rounds."""
+def time_plans(spec: str, flags: list[str], plans: dict[str, Path], threads: int = 1, rounds: int = 21) -> dict[str, float]:
+    """Median latency of each emitted plan (partitioned, or the model's own file under a
+    library), timed in this process in interleaved rounds. Plans that are the same plan are
+    timed once (a budget or a search that emitted the same plan gets the same time)."""
+    from partune.core.keys import plan_key
     from partune.core.plan import Plan
     from partune.models import load
-    from partune.runners.builder import build_plan
+    from partune.runners.builder import build_model_file, build_plan
+    from partune.runners.peers import model_onnx
     from partune.runners.timing import time_interleaved
 
-    model = load(spec, shapes or None)
-    fns = {label: build_plan(Plan.load(p), model.mod, model.graph).prepare(model.inputs) for label, p in plans.items()}
-    return {label: m.median_s for label, m in time_interleaved(fns, rounds=9).items()}
+    model = load(spec, _shapes(flags) or None)
+    fns, same = {}, {}
+    for label, path in plans.items():
+        plan = Plan.load(path)
+        key = repr(plan.model_file) if plan.model_file is not None else plan_key(plan)
+        if key in same.values():
+            same[label] = key
+            continue
+        same[label] = key
+        built = (build_model_file(plan, model_onnx(model), model.inputs, threads) if plan.model_file is not None
+                 else build_plan(plan, model.mod, model.graph))
+        fns[label] = built.prepare(model.inputs)
+    medians = {label: m.median_s for label, m in time_interleaved(fns, rounds=rounds).items()}
+    first = {key: label for label, key in reversed(same.items())}
+    return {label: medians[first[key]] for label, key in same.items()}
 
 
 def _shapes(flags: list[str]) -> dict[str, tuple[int, ...]]:
@@ -82,7 +98,7 @@ def _held_out(name: str, trained_on: dict[str, str], store: str) -> tuple:
                                 str(t / "full.json"), "--cost-model", "off", *common)
         pruned, pruned_s = _partune(*flags, "tune", spec, "--storage", f"sqlite:///{t / 'b.db'}", "-o",
                                     str(t / "pruned.json"), "--cost-model", str(t / "cm.json"), *common)
-        lat = compare_plans(spec, _shapes(flags), {"full": t / "full.json", "pruned": t / "pruned.json"})
+        lat = time_plans(spec, flags, {"full": t / "full.json", "pruned": t / "pruned.json"}, rounds=9)
         notes = json.loads((t / "pruned.json").read_text())["notes"]
         return (name, _made(full), full_s, _made(pruned), pruned_s, lat["full"], lat["pruned"], notes["chosen_as"])
 
