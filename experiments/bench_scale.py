@@ -63,9 +63,10 @@ def _count(path: str, flags: list[str], backends: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _tune(path: str, flags: list[str], storage: str, out: Path, args) -> dict:
+def _tune(path: str, flags: list[str], storage: str, out: Path, args, extra: tuple[str, ...] | list[str] = ()) -> dict:
     cmd = [sys.executable, "-m", "partune.cli", "--threads", "1", *flags, "tune", path, "--backends", args.backends,
-           "--storage", storage, "--peers", args.peers, "-o", str(out)] + (["--timeout", args.timeout] if args.timeout else [])
+           "--storage", storage, "--peers", args.peers, "-o", str(out), *extra] + (
+               ["--timeout", args.timeout] if args.timeout else [])
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     run = {"wall_s": time.monotonic() - start, "command": " ".join(cmd[1:])}
