@@ -21,6 +21,7 @@ from partune.core.graph import DataflowGraph, main_bindings
 from partune.core.plan import Plan
 from partune.core.scopes import SEScope
 from partune.runners.protocol import (
+    CaptureRequest,
     CompareRequest,
     PlanRequest,
     RegionRequest,
@@ -202,6 +203,13 @@ def compare_request(model: str | Path, plans: dict[str, Plan], peers: dict[str, 
     text, file = _module_fields(model)
     contenders: dict[str, Plan | dict] = {**plans, **peers}
     return CompareRequest(text, contenders, tuple(encode_array(a) for a in inputs), rounds, module_file=file)
+
+
+def capture_request(model: str | Path, inputs: list[np.ndarray], backends: list[str], out_file: Path) -> CaptureRequest:
+    """A request to capture the values the model computes inside on ``inputs`` into ``out_file``
+    (``partune.runners.capture``); ``model`` as for ``plan_request``."""
+    text, file = _module_fields(model)
+    return CaptureRequest(text, tuple(encode_array(a) for a in inputs), tuple(backends), str(out_file), module_file=file)
 
 
 def _module_fields(model: str | Path) -> tuple[str, str | None]:

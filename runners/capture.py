@@ -98,3 +98,37 @@ def region_inputs(args: list[relax.Expr], values: Values) -> list[np.ndarray] | 
         else:
             return None
     return out
+
+
+def save_values(values: Values, func: relax.Function, path: str) -> None:
+    """``values`` (of ``func``, main) into an .npz by position, the same in any copy of the model
+    (a worker's parse of the model file): parameter i as ``p{i}``, binding j as ``b{j}``, a tuple's
+    field k as ``b{j}.{k}``."""
+    arrays: dict[str, np.ndarray] = {f"p{i}": values[p] for i, p in enumerate(func.params) if p in values}
+    for j, b in enumerate(main_bindings(func)):
+        value = values.get(b.var)
+        if isinstance(value, list):
+            arrays |= {f"b{j}.{k}": a for k, a in enumerate(value)}
+        elif value is not None:
+            arrays[f"b{j}"] = value
+    np.savez(path, **arrays)
+
+
+def load_values(func: relax.Function, path: str) -> Values:
+    """What ``save_values`` wrote, keyed by this copy's own variables."""
+    params, bindings = list(func.params), main_bindings(func)
+    values: Values = {}
+    fields: dict[int, dict[int, np.ndarray]] = {}
+    with np.load(path, allow_pickle=False) as data:
+        for name in data.files:
+            where, _, field = name.partition(".")
+            index = int(where[1:])
+            if where[0] == "p":
+                values[params[index]] = data[name]
+            elif field:
+                fields.setdefault(index, {})[int(field)] = data[name]
+            else:
+                values[bindings[index].var] = data[name]
+    for index, parts in fields.items():
+        values[bindings[index].var] = [parts[k] for k in sorted(parts)]
+    return values

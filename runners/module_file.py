@@ -22,6 +22,7 @@ from typing import Any
 
 from partune.runners.protocol import (
     BuildRequest,
+    CaptureRequest,
     CompareRequest,
     PlanRequest,
     RegionRequest,
@@ -116,7 +117,7 @@ def _count(shape: Any) -> int:
 def inlined(request: Request) -> Request:
     """``request`` with the files it names inlined, for a worker elsewhere: the model's text (a
     region's: its region's), and the peers' ONNX files (``partune.runners.peers``) as base64."""
-    if isinstance(request, (PlanRequest, CompareRequest)) and request.module_file is not None:
+    if isinstance(request, (PlanRequest, CompareRequest, CaptureRequest)) and request.module_file is not None:
         import tvm
 
         request = replace(request, module=tvm.ir.save_json(read(request.module_file)), module_file=None)
@@ -137,7 +138,7 @@ def _inline_onnx(contender: Any) -> Any:
     return {k: v for k, v in contender.items() if k != "onnx_file"} | {"onnx": data}
 
 
-def load(request: PlanRequest | CompareRequest) -> Any:
+def load(request: PlanRequest | CompareRequest | CaptureRequest) -> Any:
     """The request's whole model as a ``tvm.IRModule``: from its files (read once while they
     are unchanged) or from its text."""
     import tvm

@@ -1,9 +1,9 @@
 """What travels between the search and the processes that measure: typed requests and replies.
 
-A request is one of ``RegionRequest``, ``TuneRequest``, ``PlanRequest``, ``CompareRequest``
-and ``BuildRequest`` (made by ``partune.runners.builder`` and ``partune.runners.build_pool``);
+A request is one of ``RegionRequest``, ``TuneRequest``, ``PlanRequest``, ``CompareRequest``,
+``BuildRequest`` and ``CaptureRequest`` (made by ``partune.runners.builder`` and ``partune.runners.build_pool``);
 the worker answers each with a ``MeasurementReply``, ``MeasurementsReply``, ``TuningReply``,
-``BuildReply`` or ``ErrorReply``. They cross a pipe (a local worker) or TVM RPC (a remote
+``BuildReply``, ``CaptureReply`` or ``ErrorReply``. They cross a pipe (a local worker) or TVM RPC (a remote
 one) as the same JSON text (``to_json``/``from_json``), and arrays travel inside them as
 base64 ``.npy``. Nothing is pickled: what a message decodes to never runs code.
 """
@@ -59,7 +59,7 @@ _SAME: _Codec = (lambda v: v, lambda v: v)
 _SCOPE: _Codec = (SEScope.to_json, SEScope.from_json)
 _PROTOCOL: _Codec = (asdict, lambda d: Protocol(**d))
 _ARRAYS: _Codec = (list, tuple)  # base64 .npy texts (``encode_array``)
-_NODES: _Codec = (list, tuple)
+_TUPLE: _Codec = (list, tuple)  # node indices, backend names
 _PLAN: _Codec = (Plan.to_json, Plan.from_json)
 _SETTINGS: _Codec = (Settings.to_json, Settings.from_json)
 _MEASUREMENT: _Codec = (Measurement.to_json, lambda d: Measurement(**d))
@@ -119,7 +119,7 @@ class RegionRequest(_Message):
 
     kind: ClassVar[str] = "region"
     _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "protocol": _PROTOCOL, "inputs": _ARRAYS,
-                                            "settings": _SETTINGS, "nodes": _NODES}
+                                            "settings": _SETTINGS, "nodes": _TUPLE}
     backend: str
     scope: SEScope
     module: str
@@ -191,7 +191,7 @@ class BuildRequest(_Message):
     """Build a region into ``build_cache`` (a build pool's worker); nothing is timed."""
 
     kind: ClassVar[str] = "build"
-    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "settings": _SETTINGS, "nodes": _NODES}
+    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "settings": _SETTINGS, "nodes": _TUPLE}
     backend: str
     scope: SEScope
     module: str
@@ -207,6 +207,25 @@ class BuildRequest(_Message):
         """The build of ``region``'s kernel into ``build_cache``."""
         return cls(region.backend, region.scope, region.module, region.function, build_cache,
                    module_file=region.module_file, nodes=region.nodes)
+
+
+@dataclass(frozen=True)
+class CaptureRequest(_Message):
+    """Run the whole model (``module_file``, as ``partune.runners.module_file`` wrote it) once on
+    ``inputs`` and write every value it computes inside into ``out_file`` (``partune.runners.capture``).
+
+    Captured in a worker, the whole-model build (a BERT-768 at 12 layers took the search process
+    from 2.1 to 3.5 GB) and a crash in it are the worker's, not the search's."""
+
+    kind: ClassVar[str] = "capture"
+    _codecs: ClassVar[dict[str, _Codec]] = {"inputs": _ARRAYS, "backends": _TUPLE, "settings": _SETTINGS}
+    module: str
+    inputs: tuple[str, ...]
+    backends: tuple[str, ...]
+    out_file: str
+    module_file: str | None = None  # a local worker reads the model here (``module`` is then "")
+    threads: int = 1
+    settings: Settings | None = None  # None: as the process that handles it has them
 
 
 @dataclass(frozen=True)
@@ -266,6 +285,14 @@ class BuildReply(_Message):
 
 
 @dataclass(frozen=True)
+class CaptureReply(_Message):
+    """A capture done: the file that holds the values."""
+
+    kind: ClassVar[str] = "captured"
+    file: str
+
+
+@dataclass(frozen=True)
 class ErrorReply(_Message):
     """No reply from the worker (a crash, a hang, an RPC failure) or a build that failed: why."""
 
@@ -273,13 +300,13 @@ class ErrorReply(_Message):
     error: str
 
 
-Request = RegionRequest | TuneRequest | PlanRequest | CompareRequest | BuildRequest
-Reply = MeasurementReply | MeasurementsReply | TuningReply | BuildReply | ErrorReply
+Request = RegionRequest | TuneRequest | PlanRequest | CompareRequest | BuildRequest | CaptureRequest
+Reply = MeasurementReply | MeasurementsReply | TuningReply | BuildReply | CaptureReply | ErrorReply
 
 REQUEST_TYPES: dict[str, type[Request]] = {t.kind: t for t in (
-    RegionRequest, TuneRequest, PlanRequest, CompareRequest, BuildRequest)}
+    RegionRequest, TuneRequest, PlanRequest, CompareRequest, BuildRequest, CaptureRequest)}
 REPLY_TYPES: dict[str, type[Reply]] = {t.kind: t for t in (
-    MeasurementReply, MeasurementsReply, TuningReply, BuildReply, ErrorReply)}
+    MeasurementReply, MeasurementsReply, TuningReply, BuildReply, CaptureReply, ErrorReply)}
 
 
 def request_from_json(data: dict[str, Any]) -> Request:

@@ -14,6 +14,8 @@ from typing import Any
 
 from partune.backends import registry
 from partune.runners.protocol import (
+    CaptureReply,
+    CaptureRequest,
     CompareRequest,
     MeasurementReply,
     MeasurementsReply,
@@ -59,6 +61,12 @@ class Runner(ABC):
             return dict(reply.measurements)
         why = failure_of(reply)
         return {label: Measurement.failed(why) for label in request.contenders}
+
+    def capture(self, request: CaptureRequest) -> str | None:
+        """Capture a model's values into ``request.out_file`` where the worker runs: None once
+        done, else why not (a crash costs the capture, not the search)."""
+        reply = self.exchange(request)
+        return None if isinstance(reply, CaptureReply) else failure_of(reply)
 
     def tune(self, request: TuneRequest, timeout_s: float) -> dict[str, Any]:
         """Tune a region where it will be measured; its report, or ``{"error": why}``."""

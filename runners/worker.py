@@ -26,6 +26,8 @@ from partune.runners.protocol import (
     BuildInfo,
     BuildReply,
     BuildRequest,
+    CaptureReply,
+    CaptureRequest,
     CompareRequest,
     ErrorReply,
     MeasurementReply,
@@ -278,10 +280,26 @@ def _end_comparison() -> None:
             torch._dynamo.reset()
 
 
+def capture_into_file(req: CaptureRequest) -> CaptureReply:
+    """The model's values on the request's inputs, written where it says (``partune.runners.capture``)."""
+    from partune.backends import registry
+    from partune.core.graph import DataflowGraph
+    from partune.runners.capture import capture_values, save_values
+
+    registry.set_threads(req.threads)
+    mod = module_file.load(req)
+    values = capture_values(mod, DataflowGraph.from_function(mod["main"]), [decode_array(a) for a in req.inputs],
+                            list(req.backends))
+    save_values(values, mod["main"], req.out_file)
+    del values
+    memory.trim()  # the whole-model build is gone
+    return CaptureReply(req.out_file)
+
+
 # Every request type and what answers it (a region's reply also says how its build went).
 HANDLERS: dict[type, Callable[[Any], Reply]] = {
     RegionRequest: measure_region, PlanRequest: measure_plan, CompareRequest: measure_compare,
-    TuneRequest: tune_region, BuildRequest: build_into_cache}
+    TuneRequest: tune_region, BuildRequest: build_into_cache, CaptureRequest: capture_into_file}
 
 
 def _failure(build: bool, e: Exception) -> Reply:

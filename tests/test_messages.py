@@ -85,9 +85,11 @@ def test_capture_failure_says_which_backend_failed_and_why():
     assert "onnxruntime: does not accept ewise_fma" in why and "openvino: does not accept ewise_fma" in why
     assert "tvm: " in why
     _plain(why)
-    # What the search reports (the summary's "candidates measured on ... inputs", the plan's notes).
-    session = SearchSession(m, ["tvm", "onnxruntime"], None, None, TuneOptions())
-    assert session.capture() == {}
+    # What the search reports (the summary's "candidates measured on ... inputs", the plan's notes),
+    # the values captured by its measuring worker.
+    with LocalRunner(timeout_s=120) as runner:
+        session = SearchSession(m, ["tvm", "onnxruntime"], runner, None, TuneOptions())
+        assert session.capture() == {}
     shown = session.result.inputs_from
     assert shown.startswith("random (no backend could build the whole model") and "ewise_fma" in shown
     _plain(shown)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from partune.core.plan import single_backend_plan
 from partune.core.scopes import CompilationConfig
 from partune.runners import module_file
 from partune.runners.builder import (
+    capture_request,
     compare_request,
     overhead_request,
     plan_request,
@@ -31,17 +33,17 @@ from partune.runners.builder import (
     tune_request,
 )
 from partune.runners.protocol import (
+    REPLY_TYPES,
+    REQUEST_TYPES,
     BuildInfo,
     BuildReply,
     BuildRequest,
-    CompareRequest,
+    CaptureReply,
     ErrorReply,
     MeasurementReply,
     MeasurementsReply,
-    PlanRequest,
     ProtocolError,
     RegionRequest,
-    TuneRequest,
     TuningReply,
     reply_from_json,
     request_from_json,
@@ -88,6 +90,7 @@ def requests(cache: str = "/tmp/cache") -> list:
             overhead_request(tvm_scope), tune_request(Diamond, GRAPH, (0,), tvm_scope, 8, 30.0),
             plan_request(tvm.ir.save_json(Diamond), plan, INPUTS, FAST, fresh=True),
             compare_request(tvm.ir.save_json(Diamond), {"partune": plan}, peers, INPUTS, rounds=1),
+            capture_request(Path("/tmp/model.json"), INPUTS, ["onnxruntime", "tvm"], Path("/tmp/values.npz")),
             BuildRequest.of(region, cache)]
 
 
@@ -98,6 +101,7 @@ def replies() -> list:
             MeasurementReply(failed, trace="Traceback ..."),
             MeasurementsReply({"a": m, "b": failed}), TuningReply(REPORT),
             BuildReply(BuildInfo("stored", 1.5)), BuildReply(BuildInfo("not cached by this backend")),
+            CaptureReply("/tmp/values.npz"),
             ErrorReply("worker crashed (signal SIGSEGV)")]
 
 
@@ -123,9 +127,8 @@ def test_every_reply_round_trips_through_json(index):
 
 
 def test_every_kind_is_covered_and_the_wrong_kind_is_refused():
-    assert {type(r) for r in requests()} == {RegionRequest, TuneRequest, PlanRequest, CompareRequest,
-                                             BuildRequest}
-    assert len({type(r) for r in replies()}) == 5
+    assert {type(r) for r in requests()} == set(REQUEST_TYPES.values())
+    assert {type(r) for r in replies()} == set(REPLY_TYPES.values())
     with pytest.raises(ProtocolError):
         request_from_json({"kind": "nonsense"})
     with pytest.raises(ProtocolError):
@@ -168,7 +171,7 @@ def _answer(req):
 
 def test_every_request_kind_through_handle_json(tmp_path, tunereport):
     cache = str(tmp_path)
-    region, _, captured, overhead, _, plan, compare, build = requests(cache)
+    region, _, captured, overhead, _, plan, compare, _, build = requests(cache)
     for req in (region, captured, overhead):
         reply = _answer(req)
         assert isinstance(reply, MeasurementReply) and reply.measurement.ok, reply
@@ -185,6 +188,8 @@ def test_every_request_kind_through_handle_json(tmp_path, tunereport):
     assert _answer(tune) == TuningReply(REPORT | {"trials": 8}) == handle(tune)
     assert _answer(build).build.cache == "stored"
     assert _answer(replace(build, backend="torch")) == BuildReply(BuildInfo("not cached by this backend"))
+    capture = capture_request(module_file.write(Diamond, tmp_path), INPUTS, ["onnxruntime"], tmp_path / "v.npz")
+    assert _answer(capture) == CaptureReply(str(tmp_path / "v.npz")) and (tmp_path / "v.npz").exists()
 
 
 def test_python_errors_become_failed_measurements_or_error_replies():
