@@ -15,6 +15,7 @@ into the request (``inlined``), and the peers' ONNX files (``partune.runners.pee
 from __future__ import annotations
 
 import base64
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -76,7 +77,7 @@ def lift_constants(mod: Any) -> tuple[Any, dict[str, Any]]:
 
         def visit_generic_const_(self, op: Any) -> Any:
             data = op.value
-            if int(tvm.runtime.DataType(data.dtype).bits) // 8 * _count(data.shape) < LIFTED:
+            if int(tvm.runtime.DataType(data.dtype).bits) // 8 * math.prod(int(d) for d in data.shape) < LIFTED:
                 return op
             var = relax.Var(f"{_PREFIX}{len(self.params)}", op.ty)
             self.params[var.name] = data
@@ -105,13 +106,6 @@ def bind_constants(mod: Any, params: dict[str, Any]) -> Any:
             if mine:
                 mod = relax.transform.BindParams(gv.name_hint, mine)(mod)
     return mod
-
-
-def _count(shape: Any) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def inlined(request: Request) -> Request:
