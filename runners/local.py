@@ -217,14 +217,11 @@ class LocalRunner(Runner):
     def available_bytes(self) -> int | None:
         return memory.available_bytes()  # the worker runs on this machine
 
-    def compare(self, request: CompareRequest, timeout_s: float | None = None,
-                apart: bool = False) -> dict[str, Measurement]:
-        """At one thread, in this runner's worker, interleaved. At more, or ``apart``, each
-        contender in a worker of its own, one running at a time (``partune.runners.isolated``):
-        a library's idle threads must not slow the contender after it, and contenders that
-        together would outgrow one process (``apart``: a BERT-768 at 12 layers took the one
-        worker to 8 GB) each fit in theirs."""
-        if (self.threads == 1 and not apart) or len(request.contenders) < 2:
+    def compare(self, request: CompareRequest, timeout_s: float | None = None) -> dict[str, Measurement]:
+        """At one thread, in this runner's worker, interleaved. At more, each contender in a
+        worker of its own, one running at a time (``partune.runners.isolated``): a library's
+        idle threads must not slow the contender after it."""
+        if self.threads == 1 or len(request.contenders) < 2:
             return super().compare(request, timeout_s)
         made: list[LocalRunner] = []
 

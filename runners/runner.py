@@ -51,11 +51,8 @@ class Runner(ABC):
             return reply.measurement
         return Measurement.failed(failure_of(reply))
 
-    def compare(self, request: CompareRequest, timeout_s: float | None = None,
-                apart: bool = False) -> dict[str, Measurement]:
-        """Time several contenders in one process, interleaved; a crash fails them all.
-        ``apart``: contenders too large to share a process each get one where the runner can
-        (``LocalRunner``); here they share one."""
+    def compare(self, request: CompareRequest, timeout_s: float | None = None) -> dict[str, Measurement]:
+        """Time several contenders in one process, interleaved; a crash fails them all."""
         reply = self.exchange(request, timeout_s)
         if isinstance(reply, MeasurementsReply):
             return dict(reply.measurements)

@@ -54,8 +54,11 @@ def fit_in_memory(s: SearchSession, finalists: dict[str, Plan]) -> dict[str, Pla
     free = s.runner.available_bytes()
     if free is None or len(finalists) < 2:
         return finalists
-    fixed, size = _contender_bytes(s, finalists)
+    weights = sum(node.const_bytes for node in s.graph.nodes)
     e2e = s.result.end_to_end
+    size = {label: (e2e[label].peak_bytes if label in e2e and e2e[label].peak_bytes else PLAN_PER_WEIGHT * weights)
+            for label in finalists}
+    fixed = (MODEL_PER_WEIGHT + PEER_PER_WEIGHT * len(_wanted(s))) * weights  # the peers judge will build
     kept = sorted(finalists, key=lambda label: e2e[label].cost_s if label in e2e else float("inf"))
     while len(kept) > 1 and fixed + sum(size[label] for label in kept) > MEMORY_SHARE * free:
         kept.pop()
@@ -65,26 +68,6 @@ def fit_in_memory(s: SearchSession, finalists: dict[str, Plan]) -> dict[str, Pla
                                      f"{(fixed + sum(size.values())) / 2**30:.1f} GB, "
                                      f"{free / 2**30:.1f} GB was free")
     return {label: finalists[label] for label in finalists if label in kept}
-
-
-def _contender_bytes(s: SearchSession, finalists: dict[str, Plan]) -> tuple[float, dict[str, float]]:
-    """What a comparison of ``finalists`` and the peers takes, about: the peers and the parsed
-    model together, and each finalist's own."""
-    weights = sum(node.const_bytes for node in s.graph.nodes)
-    e2e = s.result.end_to_end
-    size = {label: (e2e[label].peak_bytes if label in e2e and e2e[label].peak_bytes else PLAN_PER_WEIGHT * weights)
-            for label in finalists}
-    return (MODEL_PER_WEIGHT + PEER_PER_WEIGHT * len(_wanted(s))) * weights, size
-
-
-def apart(s: SearchSession, finalists: dict[str, Plan]) -> bool:
-    """Whether the verdict's contenders would outgrow one measuring worker (the size at which
-    the runner replaces a worker, ``LocalRunner.max_rss_bytes``): then each gets a worker of its own."""
-    limit = getattr(s.runner, "max_rss_bytes", None)
-    if not limit:
-        return False
-    fixed, size = _contender_bytes(s, finalists)
-    return fixed + sum(size.values()) > limit
 
 
 def refine_study_name(graph: DataflowGraph, dp_plan: Plan, memory: bool) -> str:
@@ -135,8 +118,7 @@ def judge(s: SearchSession, finalists: dict[str, Plan]) -> None:
         if store.claims.claim(key):
             specs = peer_specs(model, wanted, s.module_file.parent)
             request = compare_request(s.module_file, finalists, specs, model.inputs, VERDICT_ROUNDS)
-            measured = s.runner.compare(request, timeout_s=max(VERDICT_TIMEOUT_S, s.runner.timeout_s),
-                                        apart=apart(s, finalists))
+            measured = s.runner.compare(request, timeout_s=max(VERDICT_TIMEOUT_S, s.runner.timeout_s))
             for label, m in measured.items():
                 store.put(key + label, m, f"{model.name} verdict {label}")
             store.claims.done(key)

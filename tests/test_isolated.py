@@ -74,17 +74,3 @@ def test_a_local_runner_isolates_contenders_at_two_threads():
         got = runner.compare(request)
         assert runner.pid is None  # its own worker never started: each contender had one
     assert set(got) == {"tvm-only", "onnxruntime-only"} and all(m.ok for m in got.values())
-
-
-def test_a_local_runner_isolates_contenders_at_one_thread_when_asked_apart():
-    """Contenders that would outgrow one worker (a BERT-768 at 12 layers took it to 8 GB) each
-    get a worker of their own at one thread too; without ``apart`` they share one."""
-    request = compare_request(tvm.ir.save_json(Chain), _plans(1), {}, INPUTS, rounds=2)
-    with LocalRunner(timeout_s=300, threads=1) as runner:
-        got = runner.compare(request, apart=True)
-        assert runner.pid is None  # its own worker never started: each contender had one
-        shared = runner.compare(request)
-        assert runner.pid is not None
-    for measured in (got, shared):
-        assert set(measured) == {"tvm-only", "onnxruntime-only"} and all(m.ok for m in measured.values())
-

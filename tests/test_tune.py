@@ -276,7 +276,6 @@ def test_the_verdict_keeps_the_finalists_that_fit_in_free_memory():
         MEMORY_SHARE,
         MODEL_PER_WEIGHT,
         PEER_PER_WEIGHT,
-        apart,
         fit_in_memory,
     )
 
@@ -301,8 +300,3 @@ def test_the_verdict_keeps_the_finalists_that_fit_in_free_memory():
     assert list(fit_in_memory(tight, plans)) == ["fast", "middle"]
     assert tight.result.verdict.left_out.startswith("slow left out") and "GB was free" in tight.result.verdict.left_out
     assert list(fit_in_memory(session(gib), plans)) == ["fast"]  # the fastest stays, whatever the memory
-    # Together over the size at which a worker is replaced, the contenders get a worker each.
-    s = session(None)
-    for limit, separate in ((None, False), (fixed + 3 * gib + 1, False), (fixed + 3 * gib - 1, True)):
-        s.runner.max_rss_bytes = limit
-        assert apart(s, plans) is separate
