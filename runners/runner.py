@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from partune.backends import registry
 from partune.runners.protocol import (
-    CaptureReply,
-    CaptureRequest,
     CompareRequest,
     MeasurementReply,
     MeasurementsReply,
@@ -59,11 +58,13 @@ class Runner(ABC):
         why = failure_of(reply)
         return {label: Measurement.failed(why) for label in request.contenders}
 
-    def capture(self, request: CaptureRequest) -> str | None:
-        """Capture a model's values into ``request.out_file`` where the worker runs: None once
-        done, else why not (a crash costs the capture, not the search)."""
-        reply = self.exchange(request)
-        return None if isinstance(reply, CaptureReply) else failure_of(reply)
+    def captured(self, mod: Any, graph: Any, inputs: list, backends: list[str], model_file: Path) -> dict:
+        """The model's values on ``inputs`` (``partune.runners.capture``), computed in this process:
+        a remote worker cannot read ``model_file`` (the model as ``partune.runners.module_file``
+        wrote it). Raises when no backend can build the whole model."""
+        from partune.runners.capture import capture_values
+
+        return capture_values(mod, graph, inputs, backends)
 
     def tune(self, request: TuneRequest, timeout_s: float) -> dict[str, Any]:
         """Tune a region where it will be measured; its report, or ``{"error": why}``."""

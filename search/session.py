@@ -33,7 +33,7 @@ from partune.cost_models.borders import BorderModel, Equation, fit, region_featu
 from partune.runners import module_file
 from partune.runners.accuracy import has_bf16
 from partune.runners.build_pool import Lookahead
-from partune.runners.builder import capture_request, plan_request, region_request
+from partune.runners.builder import plan_request, region_request
 from partune.runners.memory import trim
 from partune.runners.runner import Runner
 from partune.runners.timing import Measurement
@@ -145,32 +145,17 @@ class SearchSession:
         return todo
 
     def capture(self) -> dict:
-        """The model's intermediate values, so candidates are measured on what they will see."""
+        """The model's intermediate values, so candidates are measured on what they will see
+        (captured where the runner says: ``Runner.captured``)."""
         self.progress.start_phase("capture the model's values", 1)
         try:
-            values = self._captured()
+            values = self.runner.captured(self.mod, self.graph, self.model.inputs, self.backends, self.module_file)
         except Exception as e:  # noqa: BLE001 - random inputs are the fallback, and it is reported
             self.result.inputs_from = f"random ({clean_error(last_line(e), 240)})"
             values = None
         self.progress.advance(self.result.inputs_from)
         trim()  # the whole-model build that captured them is gone: BERT-768 12 layers 4.4 -> 2.9 GB
         return values or {}
-
-    def _captured(self) -> dict:
-        """Captured by a local worker from the model's file, so its whole-model build (BERT-768
-        at 12 layers: 2.1 -> 3.5 GB) and any crash in it are the worker's; here for a remote runner."""
-        from partune.runners.capture import capture_values, load_values
-
-        if not self.runner.reads_local_files:
-            return capture_values(self.mod, self.graph, self.model.inputs, self.backends)
-        out = self.module_file.with_suffix(".values.npz")
-        why = self.runner.capture(capture_request(self.module_file, self.model.inputs, self.backends, out))
-        if why is not None:
-            raise RuntimeError(why)
-        try:
-            return load_values(self.mod["main"], str(out))
-        finally:
-            out.unlink(missing_ok=True)
 
     def measure_candidates(self, batch: dict[str, Candidate], meanwhile=None, phase: bool = True) -> None:
         """Measure ``batch`` (key -> candidate) in order; a deadline stops it. ``meanwhile``
