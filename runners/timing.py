@@ -128,6 +128,9 @@ def over_rounds(ms: list[Measurement]) -> Measurement:
     if failed := next((m for m in ms if not m.ok), None):
         return failed
     bests = [m.cost_s for m in ms]
+    errors = [m.rel_error for m in ms if m.rel_error is not None]  # a bf16 contender's, each round's alike
+    peaks = [m.peak_bytes for m in ms if m.peak_bytes is not None]
     return Measurement(statistics.median(bests), _iqr(bests), statistics.median(m.cpu_s for m in ms),
                        sum(m.repeats for m in ms), ms[0].number, load=os.getloadavg()[0],
-                       best_s=min(m.cost_s for m in ms))
+                       best_s=min(m.cost_s for m in ms), peak_bytes=max(peaks) if peaks else None,
+                       rel_error=max(errors) if errors else None)

@@ -74,3 +74,16 @@ def test_a_local_runner_isolates_contenders_at_two_threads():
         got = runner.compare(request)
         assert runner.pid is None  # its own worker never started: each contender had one
     assert set(got) == {"tvm-only", "onnxruntime-only"} and all(m.ok for m in got.values())
+
+
+def test_rounds_keep_a_contenders_error_and_peak():
+    """Timed apart (at more than one thread), a bf16 peer's error against f32 must survive its
+    rounds: the verdict marks a peer over the budget by it (it read as missing, and the
+    benchmark's table as nan)."""
+    from partune.runners.timing import Measurement, over_rounds
+
+    rounds = [Measurement(t, 0, t, 3, 10, rel_error=2e-2, peak_bytes=p) for t, p in ((3e-3, 5), (2e-3, 7), (4e-3, 6))]
+    one = over_rounds(rounds)
+    assert one.median_s == 3e-3 and one.best_s == 2e-3 and one.rel_error == 2e-2 and one.peak_bytes == 7
+    assert over_rounds([Measurement(1e-3, 0, 1e-3, 1, 1)]).rel_error is None
+
