@@ -61,8 +61,9 @@ def tune_bf16(spec: str, flags: list[str], args, out: Path) -> dict:
             "bf16_share": sum(c for c, p in costs if p == "bf16") / total if total else 0.0,
             "search_s": float(stats.group(1)) if stats else None,
             "measurements": int(stats.group(3)) if stats else None}
-    (RESULTS / "bf16").mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bf16" / f"{row['model']}.txt").write_text(done.stdout)
+    folder = Path(args.out).with_suffix("")  # bf16/ at one thread, bf16_all_cores/ at more
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{row['model']}.txt").write_text(done.stdout)
     return row
 
 
