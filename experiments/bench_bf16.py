@@ -10,6 +10,8 @@ over the budget), the best f32 peer, and the ratios to the f32 plan and to the f
 peer the budget allows.
 
     python experiments/bench_bf16.py [MODEL ...] [--tolerance 1e-2] [--threads 1|all]
+
+A run of some models replaces their rows and keeps the others' (each row in the .json has its date).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def tune_bf16(spec: str, flags: list[str], args, out: Path) -> dict:
            "--precision", "bf16", "--tolerance", str(args.tolerance), "-o", str(out)]
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    row: dict = {"model": Path(spec).stem if spec.endswith(".onnx") else spec, "wall_s": time.monotonic() - start}
+    row: dict = {"model": Path(spec).stem if spec.endswith(".onnx") else spec, "wall_s": time.monotonic() - start,
+                 "date": time.strftime("%Y-%m-%d %H:%M")}
     if done.returncode != 0:
         row["error"] = (done.stderr.strip().splitlines() or ["?"])[-1][:200]
         return row
@@ -71,9 +74,19 @@ def _ms(v: float | None) -> str:
     return f"{v * 1e3:.3f}" if v else "-"
 
 
+def _bf16_peer_cell(r: dict, prefix: str, tolerance: float) -> str:
+    """A bf16 peer's median and error, marked when over the budget ("-": not a peer of this model)."""
+    v, errors = r["verdict"], r["rel_errors"]
+    peer = next((p for p in r["peers"] if p.startswith(prefix)), None)
+    if peer not in v:
+        return "unavailable" if peer else "-"
+    over = errors.get(peer, 0.0) > tolerance
+    return f"{_ms(v[peer])} ({errors.get(peer, float('nan')):.1e}{', over budget' if over else ''})"
+
+
 def table(rows: list[dict], tolerance: float) -> str:
     head = ["model", "emitted plan", "plan ms", "plan error", "time in bf16", "f32 plan ms", "x f32 plan",
-            "openvino bf16 ms (error)", "best f32 peer ms", "x best allowed peer", "search s", "measurements"]
+            "openvino bf16 ms (error)", "torch.compile bf16 ms (error)", "best f32 peer ms", "x best allowed peer", "search s", "measurements"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         if "error" in r:
@@ -82,17 +95,12 @@ def table(rows: list[dict], tolerance: float) -> str:
         v, errors = r["verdict"], r["rel_errors"]
         plan_s = v.get(r["chosen_as"])
         f32_s = v.get(r["f32_plan"]) if r["f32_plan"] else None
-        ov = next((p for p in r["peers"] if p.startswith("openvino bf16")), None)
-        if ov in v:
-            over = errors.get(ov, 0.0) > tolerance
-            ov_cell = f"{_ms(v[ov])} ({errors.get(ov, float('nan')):.1e}{', over budget' if over else ''})"
-        else:
-            ov_cell = "unavailable" if ov else "-"
+        bf16_cells = [_bf16_peer_cell(r, prefix, tolerance) for prefix in ("openvino bf16", "torch.compile bf16")]
         f32_peers = [v[p] for p in r["peers"] if p in v and p not in errors]
         lines.append("| " + " | ".join([
             r["model"], r["chosen_as"], _ms(plan_s),
             f"{r['plan_error']:.1e}" if r.get("plan_error") is not None else "f32",
-            f"{r['bf16_share']:.0%}", _ms(f32_s), f"{f32_s / plan_s:.2f}x" if f32_s and plan_s else "-", ov_cell,
+            f"{r['bf16_share']:.0%}", _ms(f32_s), f"{f32_s / plan_s:.2f}x" if f32_s and plan_s else "-", *bf16_cells,
             _ms(min(f32_peers)) if f32_peers else "-",
             f"**{r['speedup']:.2f}x**" if r.get("speedup") else "-",
             f"{r['search_s']:.0f}" if r.get("search_s") else "-", str(r.get("measurements", "-"))]) + " |")
@@ -120,14 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out or str(RESULTS / ("bf16.md" if args.threads == 1 else "bf16_all_cores.md"))
     args.storage = args.storage or f"sqlite:///{RESULTS / 'measurements.db'}"
     models = args.models or DEFAULT_MODELS
-    rows = []
+    raw = Path(args.out).with_suffix(".json")  # rows of models run before and not now are kept
+    by_model = {r["model"]: r for r in json.loads(raw.read_text())} if raw.exists() else {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in models:
             spec, flags = _export(name, Path(tmp), args.exporter) if name in EXPORTS else (name, [])
-            rows.append(tune_bf16(spec, flags, args, Path(tmp) / f"{name}.plan.json"))
+            by_model[name] = tune_bf16(spec, flags, args, Path(tmp) / f"{name}.plan.json")
+            order = DEFAULT_MODELS + [m for m in by_model if m not in DEFAULT_MODELS]
+            rows = [by_model[m] for m in order if m in by_model]
             text = table(rows, args.tolerance)
             print(f"\n{text}", flush=True)
-            Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
+            raw.write_text(json.dumps(rows, indent=1))
             Path(args.out).write_text(
                 f"# bf16 within a relative-error budget of {args.tolerance:g}\n\n"
                 f"{args.threads} thread(s), batch 1, backends {args.backends}, `partune tune --precision bf16 "
@@ -135,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                 "plan error: the emitted plan's relative error against f32 (worst output, on the model's inputs "
                 "and on a held-out seeded set). f32 plan: the fastest plan with no bf16 region (always a "
                 "finalist). openvino bf16: OpenVINO on the model's file with bf16 inference precision (its "
-                "default on CPUs with bf16), with its error; over the budget it is no bar. x best allowed "
+                "default on CPUs with bf16); torch.compile bf16: the torch module (zoo models) under bf16 "
+                "autocast; each with its error; over the budget a peer is no bar. x best allowed "
                 "peer: against the fastest of the f32 peers and the bf16 peers within budget.\n\n" + text + "\n")
     return 0
 

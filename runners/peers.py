@@ -44,19 +44,45 @@ def torch_eager(module, inputs: list[np.ndarray], threads: int) -> Runnable:
     return run
 
 
-def torch_compile(module, inputs: list[np.ndarray], threads: int) -> Runnable:
-    """torch.compile (inductor, default mode); compiled once here, before timing."""
+def torch_compile(module, inputs: list[np.ndarray], threads: int, precision: str = "f32") -> Runnable:
+    """torch.compile (inductor, default mode); compiled once here, before timing. ``bf16``: run
+    under CPU autocast, as a torch user asks for bfloat16 (matmuls and convolutions in bf16)."""
+    call = _compiled_call(module, threads, precision)
+    args = _torch_args(inputs)
+
+    def run():
+        return call(args)
+
+    run()  # compile outside the timed region
+    return run
+
+
+def _compiled_call(module, threads: int, precision: str) -> Callable[[tuple], object]:
     import torch
 
     torch.set_num_threads(threads)
     compiled = torch.compile(module)
-    args = _torch_args(inputs)
 
-    def run():
-        with torch.inference_mode():
+    def call(args: tuple):
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             return compiled(*args)
 
-    run()  # compile outside the timed region
+    return call
+
+
+def _torch_outputs(module, threads: int, precision: str) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    """The compiled module as a function of numpy inputs to float32 numpy outputs (for its error)."""
+    import torch
+
+    from partune.runners.builder import flatten_outputs
+
+    call = _compiled_call(module, threads, precision)
+
+    def run(inputs: list[np.ndarray]) -> list[np.ndarray]:
+        out = torch.utils._pytree.tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point()
+                                           else t, call(_torch_args(inputs)))
+        return flatten_outputs(out)
+
     return run
 
 
@@ -104,16 +130,23 @@ def model_onnx(model) -> bytes:
 # very code a model-file plan deploys with), and torch on the module.
 LIBRARY_PEERS = LIBRARIES
 PEER_LABELS = {"onnxruntime": "onnxruntime", "openvino": "openvino",
-               "torch.compile": "torch.compile (inductor)", "torch": "torch eager", "openvino bf16": "openvino bf16"}
+               "torch.compile": "torch.compile (inductor)", "torch": "torch eager", "openvino bf16": "openvino bf16",
+               "torch.compile bf16": "torch.compile bf16 (inductor, autocast)"}
 DEFAULT_PEERS = ("onnxruntime", "openvino", "torch.compile")
 # With --precision bf16, the peers at that precision too: OpenVINO's bf16 (its own default on
-# CPUs with bf16 instructions), timed like the rest and reported with its error.
-BF16_PEERS = ("openvino bf16",)
+# CPUs with bf16 instructions) and torch.compile under bf16 autocast, timed like the rest and
+# reported with their errors.
+BF16_PEERS = ("openvino bf16", "torch.compile bf16")
+
+
+def _library(kind: str) -> bool:
+    """Whether a peer kind runs the model's ONNX graph in a library (else torch runs the module)."""
+    return kind.split()[0] in LIBRARY_PEERS
 
 
 def peer_label(kind: str, model) -> str:
     """How a peer is named in tables: a library says which ONNX graph it ran."""
-    if kind in LIBRARY_PEERS or kind in BF16_PEERS:
+    if _library(kind):
         return f"{kind} ({model_origin(model)})"
     return PEER_LABELS[kind]
 
@@ -125,8 +158,7 @@ def peer_kind(label: str) -> str | None:
 
 def available_peers(model, wanted: tuple[str, ...]) -> tuple[str, ...]:
     """The peer kinds of ``wanted`` that ``model`` can have at all (torch needs the module)."""
-    return tuple(k for k in wanted if k in PEER_LABELS and (k in LIBRARY_PEERS or k in BF16_PEERS
-                                                             or model.torch_module is not None))
+    return tuple(k for k in wanted if k in PEER_LABELS and (_library(k) or model.torch_module is not None))
 
 
 def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS, folder: str | Path | None = None) -> dict[str, dict]:
@@ -141,7 +173,7 @@ def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS, folder: str | Pat
     its one-line reason; one the library cannot read fails where it is built.
     """
     specs: dict[str, dict] = {}
-    libraries = [k for k in available_peers(model, wanted) if k in LIBRARY_PEERS or k in BF16_PEERS]
+    libraries = [k for k in available_peers(model, wanted) if _library(k)]
     if libraries:
         try:
             if getattr(model, "onnx_file", None) is not None:  # the user's own file: no copy
@@ -158,10 +190,11 @@ def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS, folder: str | Pat
         except Exception as e:  # noqa: BLE001 - the exporters raise many kinds
             why = f"{model_origin(model)}: {last_line(e, 160)}"
             specs |= {peer_label(k, model): {"kind": "unavailable", "why": why} for k in libraries}
-    for kind in ("torch.compile", "torch"):
+    for kind in ("torch.compile", "torch", "torch.compile bf16"):
         if kind in available_peers(model, wanted):
             try:
-                specs[peer_label(kind, model)] = {"kind": kind, "module": torch_recipe(model)}
+                specs[peer_label(kind, model)] = {"kind": kind.split()[0], "module": torch_recipe(model)} | (
+                    {"precision": kind.split()[1]} if " " in kind else {})
             except Exception as e:  # noqa: BLE001 - a module with no recipe
                 specs[peer_label(kind, model)] = {"kind": "unavailable",
                                                   "why": f"cannot ship the module: {last_line(e, 160)}"}
@@ -173,10 +206,10 @@ def make_peer(spec: dict, inputs: list[np.ndarray], threads: int) -> Runnable:
     if spec["kind"] in LIBRARY_PEERS:
         return open_model_file(spec["kind"], _onnx_of(spec), inputs, threads,
                                spec.get("precision", "f32")).prepare(inputs)
-    if spec["kind"] in ("torch", "torch.compile"):
-        module = rebuild_module(spec["module"])
-        make = torch_compile if spec["kind"] == "torch.compile" else torch_eager
-        return make(module, inputs, threads)
+    if spec["kind"] == "torch.compile":
+        return torch_compile(rebuild_module(spec["module"]), inputs, threads, spec.get("precision", "f32"))
+    if spec["kind"] == "torch":
+        return torch_eager(rebuild_module(spec["module"]), inputs, threads)
     raise RuntimeError(spec.get("why", f"unknown peer kind {spec['kind']}"))
 
 
@@ -186,12 +219,16 @@ def _onnx_of(spec: dict) -> bytes:
 
 
 def peer_error(spec: dict, inputs: list[np.ndarray], threads: int) -> float | None:
-    """A reduced-precision library peer's relative error against the same library on the same
-    file in f32 (``partune.runners.accuracy``); None for an f32 peer."""
-    if spec.get("precision", "f32") == "f32" or spec["kind"] not in LIBRARY_PEERS:
+    """A reduced-precision peer's relative error against the same library (or torch.compile) on
+    the same model in f32 (``partune.runners.accuracy``); None for an f32 peer."""
+    if spec.get("precision", "f32") == "f32":
         return None
     from partune.runners.accuracy import plan_error
 
+    if spec["kind"] == "torch.compile":
+        module = rebuild_module(spec["module"])
+        return plan_error(_torch_outputs(module, threads, spec["precision"]), _torch_outputs(module, threads, "f32"),
+                          inputs)
     data = _onnx_of(spec)
     return plan_error(open_model_file(spec["kind"], data, inputs, threads, spec["precision"]),
                       open_model_file(spec["kind"], data, inputs, threads), inputs)

@@ -230,3 +230,27 @@ def test_bf16_where_it_cannot_be_is_one_line_and_exit_2(tmp_path, capsys, monkey
     assert main([*common, "--backends", "tvm,openvino"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "this CPU reports no bf16 instructions" in err, err
+
+
+def test_torch_compile_under_bf16_autocast_is_a_peer_with_its_error(tmp_path):
+    """With --precision bf16 the verdict also times torch.compile under bf16 autocast (how a
+    torch user asks for bfloat16), with its error against torch.compile in f32; a model with
+    no torch module (an ONNX file) has OpenVINO's bf16 peer only."""
+    import json
+
+    from partune.models import load, load_pt2
+    from partune.runners import peers
+    from tests.model_files import write_onnx
+    from tests.test_no_pickle import _pt2
+
+    model = load_pt2(_pt2(tmp_path))
+    label = peers.peer_label("torch.compile bf16", model)
+    specs = peers.peer_specs(model, ("torch.compile", *peers.BF16_PEERS))
+    spec = json.loads(json.dumps(specs[label]))  # what the wire carries
+    assert spec["kind"] == "torch.compile" and spec["precision"] == "bf16" and peers.peer_kind(label) == "torch.compile bf16"
+    assert peers.peer_error(specs[peers.peer_label("torch.compile", model)], model.inputs, 1) is None
+    assert 0 < peers.peer_error(spec, model.inputs, 1) < 0.05  # rounded like bf16, and close
+    out = peers.make_peer(spec, model.inputs, 1)()
+    assert relative_error([out.float().numpy()], model.reference) < 0.05
+    onnx_model = load(str(write_onnx(tmp_path / "tiny.onnx")), {"x": (1, 3, 16, 16)})
+    assert peers.available_peers(onnx_model, ("torch.compile", *peers.BF16_PEERS)) == ("openvino bf16",)
