@@ -144,6 +144,12 @@ def _library(kind: str) -> bool:
     return kind.split()[0] in LIBRARY_PEERS
 
 
+def _kind_fields(kind: str) -> dict[str, str]:
+    """A peer kind as its spec spells it: what runs it, and a reduced precision ("openvino bf16")."""
+    runs, _, precision = kind.partition(" ")
+    return {"kind": runs} | ({"precision": precision} if precision else {})
+
+
 def peer_label(kind: str, model) -> str:
     """How a peer is named in tables: a library says which ONNX graph it ran."""
     if _library(kind):
@@ -185,16 +191,14 @@ def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS, folder: str | Pat
                 onnx = {"onnx_file": str(path)}
             else:
                 onnx = {"onnx": base64.b64encode(model_onnx(model)).decode()}
-            specs |= {peer_label(k, model): {"kind": k.split()[0], **onnx}
-                      | ({"precision": k.split()[1]} if " " in k else {}) for k in libraries}
+            specs |= {peer_label(k, model): _kind_fields(k) | onnx for k in libraries}
         except Exception as e:  # noqa: BLE001 - the exporters raise many kinds
             why = f"{model_origin(model)}: {last_line(e, 160)}"
             specs |= {peer_label(k, model): {"kind": "unavailable", "why": why} for k in libraries}
     for kind in ("torch.compile", "torch", "torch.compile bf16"):
         if kind in available_peers(model, wanted):
             try:
-                specs[peer_label(kind, model)] = {"kind": kind.split()[0], "module": torch_recipe(model)} | (
-                    {"precision": kind.split()[1]} if " " in kind else {})
+                specs[peer_label(kind, model)] = _kind_fields(kind) | {"module": torch_recipe(model)}
             except Exception as e:  # noqa: BLE001 - a module with no recipe
                 specs[peer_label(kind, model)] = {"kind": "unavailable",
                                                   "why": f"cannot ship the module: {last_line(e, 160)}"}
