@@ -16,6 +16,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from partune.backends import build_cache
 from partune.backends.base import Backend, FusionStyle, Level, RegionKernel
+from partune.core.bf16 import function_in_bf16
 
 if TYPE_CHECKING:
     from partune.backends.settings import Settings
@@ -113,6 +114,8 @@ def build_region_kernel(func: relax.Function, scope: SEScope,
     ``database_dir`` is where ``database`` was read from (it enters the cache key).
     """
     device = tvm.device(scope.device_type or "cpu", scope.virtual_device_id or 0)
+    if scope.compute_precision == "bf16":
+        func = function_in_bf16(func)
     entry = build_cache.current()
     vm = None
     if entry is not None:
@@ -167,6 +170,7 @@ class TvmBackend(Backend):
     fusion_style = FusionStyle.TVM
     device_types = ("cpu", "cuda")
     caches_builds = True
+    bf16 = True  # matmuls and convolutions on bf16 operands (``partune.core.bf16``), TIR's bf16 lowering
 
     def __init__(self, database_dir: str | None = None) -> None:
         self.database_dir = database_dir

@@ -1,6 +1,7 @@
 """Apply a plan to a Relax module: lift each offloaded region into a BYOC function.
 
-Regions of native TVM stay in ``main`` and go through TVM's own lowering. Every other
+Regions of native TVM stay in ``main`` and go through TVM's own lowering (a bf16 one with its
+matmuls and convolutions on bf16 operands, ``partune.core.bf16``). Every other
 region becomes a global function with attributes ``Codegen`` (the backend's codegen
 name), ``global_symbol`` and ``partune.scope`` (its SEScope as JSON), called from main;
 ``relax.transform.RunCodegen`` later hands these functions to the backends.
@@ -19,6 +20,7 @@ from collections.abc import Callable
 import tvm
 from tvm import relax
 
+from partune.core.bf16 import function_in_bf16, in_bf16
 from partune.core.graph import DataflowGraph, main_bindings
 from partune.core.plan import Plan, Region, region_order
 
@@ -155,10 +157,12 @@ def apply(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph,
                 region = regions[k]
                 nodes = sorted(region.nodes)
                 codegen = codegen_of(region.backend)
+                bf16 = codegen is None and region.scope.compute_precision == "bf16"  # else the codegen's
                 if codegen is None and not bordered(region.backend):
                     for n in nodes:
                         b = bindings[n]
-                        env[b.var] = bb.emit(_substitute(b.value, env), name_hint=b.var.name)
+                        value = _substitute(b.value, env)
+                        env[b.var] = bb.emit(in_bf16(value) if bf16 else value, name_hint=b.var.name)
                     continue
                 exits = [bindings[n].var for n in region_exits(graph, set(nodes))]
                 if codegen is None:  # native, bordered: plain Relax, lowered with main
@@ -169,7 +173,7 @@ def apply(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph,
                     attrs = {"Codegen": codegen, "global_symbol": symbol,
                              SCOPE_ATTR: json.dumps(region.scope.to_json())}
                 lifted, args, rebuild = lift_region([bindings[n] for n in nodes], exits, symbol, attrs)
-                gv = bb.add_func(lifted, symbol)
+                gv = bb.add_func(function_in_bf16(lifted) if bf16 else lifted, symbol)
                 call = bb.emit(relax.Call(gv, [_substitute(a, env) for a in args]), name_hint=symbol)
                 for v, e in zip(exits, rebuild(call), strict=True):
                     env[v] = bb.emit(e, name_hint=v.name) if not isinstance(e, relax.Var) else e

@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "candidates for plans within 0.3%% of measuring everything")
     t.add_argument("--precision", choices=("f32", "bf16"), default="f32",
                    help="f32: every region computes in f32, as the model does (default). bf16: regions "
-                        "may compute in bfloat16 where a backend has a real bf16 path (openvino) and "
+                        "may compute in bfloat16 where a backend has a real bf16 path (openvino, torch, tvm) and "
                         "this CPU has bf16 instructions, each kept only where it measures faster, and "
                         "no plan whose error exceeds --tolerance is emitted")
     t.add_argument("--tolerance", type=float, default=1e-2, metavar="REL",

@@ -18,7 +18,7 @@ from partune.backends import registry
 from partune.core.graph import DataflowGraph
 from partune.core.keys import candidate_key
 from partune.core.plan import single_backend_plan
-from partune.core.scopes import CompilationConfig, ScopeError, SEScope
+from partune.core.scopes import CompilationConfig, ScopeError, SEScope, cpu_target
 from partune.runners.accuracy import f32_twin, has_bf16, held_out_inputs, relative_error
 from partune.runners.local import LocalRunner
 from partune.runners.timing import Measurement
@@ -94,10 +94,46 @@ def test_a_config_offers_bf16_only_for_the_backends_named():
 
 
 def test_only_backends_with_a_real_bf16_path_offer_it():
-    assert registry.get("openvino").bf16 and registry.get("torch").bf16
-    assert not registry.get("onnxruntime").bf16 and not registry.get("tvm").bf16
+    assert registry.get("openvino").bf16 and registry.get("torch").bf16 and registry.get("tvm").bf16
+    assert not registry.get("onnxruntime").bf16 and not registry.get("tvm-tuned").bf16
     offered = registry.bf16_names(["tvm", "onnxruntime", "openvino"])
-    assert offered == (("openvino",) if registry.cpu_has_bf16() else ())
+    assert offered == (("tvm", "openvino") if registry.cpu_has_bf16() else ())
+
+
+@I.ir_module
+class Convs:
+    @R.function
+    def main(x: R.Tensor((1, 8, 16, 16), "float32"), w: R.Tensor((8, 4, 3, 3), "float32"),
+             v: R.Tensor((8, 10), "float32"), ids: R.Tensor((4, 4), "int32")):
+        with R.dataflow():
+            a = R.nn.conv2d(x, w, strides=2, padding=1, groups=2)
+            b = R.nn.relu(a)
+            c = R.mean(b, axis=[2, 3])
+            d = R.matmul(c, v)
+            e = R.matmul(ids, ids)
+            R.output(d, e)
+        return d, e
+
+
+def test_tvm_bf16_casts_the_operands_of_matmuls_and_convolutions_only():
+    from partune.core.bf16 import function_in_bf16
+
+    func = function_in_bf16(Convs["main"])
+    text = func.script()
+    assert text.count('R.astype(') == 4 and text.count('"bfloat16"') >= 4  # conv2d's and the float matmul's
+    assert "strides=[2, 2]" in text and "groups=2" in text  # the convolution's attributes kept
+    assert [str(p.ty) for p in func.params] == [str(p.ty) for p in Convs["main"].params]
+    assert str(func.ret_ty) == str(Convs["main"].ret_ty)  # f32 (and int32) out, as before
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((1, 8, 16, 16)).astype("float32"), rng.standard_normal((8, 4, 3, 3)).astype("float32"),
+              rng.standard_normal((8, 10)).astype("float32"), rng.integers(0, 9, (4, 4)).astype("int32")]
+    outs = []
+    for f in (Convs["main"], func):
+        vm = tvm.relax.VirtualMachine(tvm.compile(tvm.IRModule({"main": f}), target=tvm.target.Target(cpu_target(1))),
+                                      tvm.cpu())
+        outs.append([o.numpy() for o in vm["main"](*[tvm.runtime.tensor(a) for a in inputs])])
+    assert 1e-5 < relative_error(outs[1][:1], outs[0][:1]) < 0.05  # rounded like bf16, and close
+    assert np.array_equal(outs[1][1], outs[0][1])  # the integer matmul untouched
 
 
 # -- the error of a plan ----------------------------------------------------------------
@@ -131,19 +167,20 @@ def test_a_plan_over_budget_is_a_failed_plan_with_its_error_kept():
 # -- bf16 for real --------------------------------------------------------------------------
 
 
-def _bf16_plan():
-    config = CompilationConfig.for_cpu(["tvm", "openvino"], bf16=("openvino",))
-    accepted = accepted_nodes(Mlp["main"], "openvino")
-    return single_backend_plan("mlp", _Model.graph, config, "openvino", accepted, "bf16")
+def _bf16_plan(backend: str = "openvino"):
+    config = CompilationConfig.for_cpu(["tvm", "openvino"], bf16=("tvm", "openvino"))
+    accepted = accepted_nodes(Mlp["main"], backend)
+    return single_backend_plan("mlp", _Model.graph, config, backend, accepted, "bf16")
 
 
 @needs_bf16
-def test_a_bf16_plan_measures_its_error_against_its_f32_twin():
+@pytest.mark.parametrize("backend", ["openvino", "tvm"])  # a library's region; TVM's, inline in main
+def test_a_bf16_plan_measures_its_error_against_its_f32_twin(backend):
     from partune.runners.builder import plan_request
     from partune.runners.worker import handle
 
-    plan = _bf16_plan()
-    assert {r.scope.precision for r in plan.regions if r.backend == "openvino"} == {"bf16"}
+    plan = _bf16_plan(backend)
+    assert {r.scope.precision for r in plan.regions if r.backend == backend} == {"bf16"}
     module = tvm.ir.save_json(Mlp)
     m = handle(plan_request(module, plan, _Model.inputs)).measurement
     assert m.ok and 0 < m.rel_error < 0.05, m  # bf16 rounds (so not 0), but stays close
@@ -152,11 +189,11 @@ def test_a_bf16_plan_measures_its_error_against_its_f32_twin():
 
 
 @needs_bf16
-@pytest.mark.parametrize("backend", ["openvino", "torch"])
+@pytest.mark.parametrize("backend", ["openvino", "torch", "tvm"])
 def test_a_bf16_region_computes_in_bf16(backend):
     kernel = {}
     for precision in ("f32", "bf16"):
-        scope = SEScope("cpu", 0, None, "global", backend, precision)
+        scope = SEScope("cpu", 0, cpu_target(1), "global", backend, precision)
         kernel[precision] = registry.get(backend).build_region(Mlp["main"], scope, 1)
     outs = {}
     for precision, k in kernel.items():
@@ -205,14 +242,17 @@ def test_the_search_never_emits_a_plan_over_budget(tolerance):
 
 
 @needs_bf16
-def test_a_bf16_plan_deploys_with_its_precision(tmp_path):
+@pytest.mark.parametrize("backend", ["openvino", "tvm"])
+def test_a_bf16_plan_deploys_with_its_precision(tmp_path, backend):
     from partune import deployed
     from partune.export import export
 
-    plan = _bf16_plan()
+    plan = _bf16_plan(backend)
     out = export(_Model(), plan, tmp_path / "deploy")
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert {r.get("precision") for r in manifest["regions"]} == {"bf16"}
+    saved = json.loads((out / "plan.json").read_text())
+    assert {r["scope"].get("precision") for r in saved["regions"] if r["scope"]["backend"] == backend} == {"bf16"}
+    manifest = json.loads((out / "manifest.json").read_text())  # a library's regions (TVM's are in model.so)
+    assert {r.get("precision") for r in manifest["regions"]} == ({"bf16"} if backend == "openvino" else set())
     got = deployed.load(out)(*_Model.inputs)
     err = relative_error([np.asarray(got[0])], _Model().reference)
     assert 1e-5 < err < 0.05  # bf16 (f32 would be ~1e-7 off), and close
@@ -222,10 +262,10 @@ def test_bf16_where_it_cannot_be_is_one_line_and_exit_2(tmp_path, capsys, monkey
     from partune.cli import main
 
     common = ["tune", "no-such-model", "--storage", f"sqlite:///{tmp_path / 'm.db'}", "--precision", "bf16"]
-    assert main([*common, "--backends", "tvm,onnxruntime"]) == 2  # refused before the model is read
+    assert main([*common, "--backends", "onnxruntime"]) == 2  # refused before the model is read
     err = capsys.readouterr().err.strip()
     if registry.cpu_has_bf16():
-        assert len(err.splitlines()) == 1 and err.endswith("has a bf16 path (add torch or openvino to --backends)"), err
+        assert len(err.splitlines()) == 1 and err.endswith("has a bf16 path (add tvm or torch or openvino to --backends)"), err
     monkeypatch.setattr(registry, "cpu_has_bf16", lambda: False)
     assert main([*common, "--backends", "tvm,openvino"]) == 2
     err = capsys.readouterr().err.strip()
