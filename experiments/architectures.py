@@ -809,7 +809,8 @@ def _bloom() -> tuple[nn.Module, tuple]:
 #
 # Models whose size grows by repeating one structure, for the search's cost against model size
 # (``bench_scale.py``): a BERT-base-width encoder at 2, 6, 12 and 24 layers, and a full-size
-# ResNet-50. They are not benchmark architectures (not in names()); reach them through get().
+# ResNet-50 and EfficientNet-B0. They are not benchmark architectures (not in names()); reach
+# them through get().
 
 SCALE_SEQ = 128
 SCALE_LAYERS = (2, 6, 12, 24)
@@ -871,6 +872,18 @@ class ResNet50(nn.Module):
 def _resnet50() -> tuple[nn.Module, tuple]:
     torch.manual_seed(SEED)
     return _finish(_unit_linears(ResNet50()), _image())
+
+
+def _efficientnet_b0() -> tuple[nn.Module, tuple]:
+    """HF EfficientNet at B0's own width, depth and resolution (5.3M parameters, 224 px): the
+    full-size counterpart of the benchmark's 0.75 / 0.75 ``efficientnet``."""
+    from transformers import EfficientNetConfig, EfficientNetForImageClassification
+
+    torch.manual_seed(SEED)
+    cfg = EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224,
+                             hidden_dim=1280, dropout_rate=0.2, num_labels=1000)
+    model = _ImageLogits(EfficientNetForImageClassification(cfg))
+    return _finish(_unit_batchnorms(_unit_linears(model)), _image(224))
 
 
 # --------------------------------------------------------------------------- registry
@@ -960,6 +973,9 @@ SCALING: dict[str, Architecture] = {a.name: a for a in [
                    "padding mask, no pooler", **_BERT_IO) for n in SCALE_LAYERS),
     Architecture("resnet50", "cnn", _resnet50,
                  "torchvision ResNet-50 (v1.5), 224 px: bottlenecks 3/4/6/3, widths 64-512 (x4)",
+                 **_CNN_IO),
+    Architecture("efficientnet_b0", "cnn", _efficientnet_b0,
+                 "HF EfficientNet-B0, full size (width 1.0, depth 1.0, 224 px): SiLU, SE, same-pads",
                  **_CNN_IO),
 ]}
 ARCHITECTURES.update(SCALING)

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "experiments" / "results"
 DEFAULT = ["bert_l2", "bert_l6"]
-ORDER = ["bert_l2", "bert_l6", "bert_l12", "bert_l24", "resnet50"]
+ORDER = ["bert_l2", "bert_l6", "bert_l12", "bert_l24", "resnet50", "efficientnet_b0"]
 
 
 def _count(path: str, flags: list[str], backends: str) -> dict:
