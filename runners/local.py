@@ -218,13 +218,14 @@ class LocalRunner(Runner):
         self._recycle(*struct.unpack("<QQ", body[size:]))
         return reply
 
-    def captured(self, mod: Any, graph: Any, inputs: list, backends: list[str], model_file: Path) -> dict:
+    def captured(self, mod: Any, graph: Any, inputs: list, backends: list[str], model_file: Path | None) -> dict:
         """The model's values, computed by the worker from ``model_file`` and read back from an
         .npz: the whole-model build (BERT-768 at 12 layers took the search process from 2.1 to
         3.5 GB) and any crash in it are the worker's, not the search's."""
         from partune.runners.builder import capture_request
         from partune.runners.capture import load_values
 
+        assert model_file is not None  # this runner reads_local_files
         out = model_file.with_suffix(".values.npz")
         reply = self.exchange(capture_request(model_file, inputs, backends, out))
         if not isinstance(reply, CaptureReply):

@@ -142,18 +142,27 @@ def load(request: PlanRequest | CompareRequest | CaptureRequest) -> Any:
     return _cached(request.module_file)["mod"]
 
 
-def region(request: RegionRequest | BuildRequest) -> Any:
-    """The region module (one function, ``region``) of a request that names its whole model's
-    file: lifted here from the model (``partune.runners.builder.region_module``), which is read
-    once while the file is unchanged."""
+def with_graph(request: CaptureRequest | RegionRequest | BuildRequest) -> tuple[Any, Any]:
+    """The request's whole model and its ``DataflowGraph``; from a file, each made once while
+    the file is unchanged (a capture and every region lifted from the model share them)."""
     from partune.core.graph import DataflowGraph
-    from partune.runners.builder import region_module
 
-    assert request.module_file is not None and request.nodes is not None
+    if request.module_file is None:
+        mod = load(request)  # type: ignore[arg-type]
+        return mod, DataflowGraph.from_function(mod["main"])
     model = _cached(request.module_file)
     if "graph" not in model:
         model["graph"] = DataflowGraph.from_function(model["mod"]["main"])
-    return region_module(model["mod"], model["graph"], request.nodes)
+    return model["mod"], model["graph"]
+
+
+def region(request: RegionRequest | BuildRequest) -> Any:
+    """The region module (one function, ``region``) of a request that names its whole model's
+    file: lifted here from the model (``partune.runners.builder.region_module``)."""
+    from partune.runners.builder import region_module
+
+    assert request.module_file is not None and request.nodes is not None
+    return region_module(*with_graph(request), request.nodes)
 
 
 def _cached(path: str) -> dict[str, Any]:

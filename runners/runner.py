@@ -58,10 +58,11 @@ class Runner(ABC):
         why = failure_of(reply)
         return {label: Measurement.failed(why) for label in request.contenders}
 
-    def captured(self, mod: Any, graph: Any, inputs: list, backends: list[str], model_file: Path) -> dict:
+    def captured(self, mod: Any, graph: Any, inputs: list, backends: list[str], model_file: Path | None) -> dict:
         """The model's values on ``inputs`` (``partune.runners.capture``), computed in this process:
         a remote worker cannot read ``model_file`` (the model as ``partune.runners.module_file``
-        wrote it). Raises when no backend can build the whole model."""
+        wrote it; None unless the runner ``reads_local_files``). Raises when no backend can build
+        the whole model."""
         from partune.runners.capture import capture_values
 
         return capture_values(mod, graph, inputs, backends)

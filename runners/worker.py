@@ -283,13 +283,11 @@ def _end_comparison() -> None:
 def capture_into_file(req: CaptureRequest) -> CaptureReply:
     """The model's values on the request's inputs, written where it says (``partune.runners.capture``)."""
     from partune.backends import registry
-    from partune.core.graph import DataflowGraph
     from partune.runners.capture import capture_values, save_values
 
     registry.set_threads(req.threads)
-    mod = module_file.load(req)
-    values = capture_values(mod, DataflowGraph.from_function(mod["main"]), [decode_array(a) for a in req.inputs],
-                            list(req.backends))
+    mod, graph = module_file.with_graph(req)
+    values = capture_values(mod, graph, [decode_array(a) for a in req.inputs], list(req.backends))
     save_values(values, mod["main"], req.out_file)
     del values
     memory.trim()  # the whole-model build is gone

@@ -149,7 +149,8 @@ class SearchSession:
         (captured where the runner says: ``Runner.captured``)."""
         self.progress.start_phase("capture the model's values", 1)
         try:
-            values = self.runner.captured(self.mod, self.graph, self.model.inputs, self.backends, self.module_file)
+            values = self.runner.captured(self.mod, self.graph, self.model.inputs, self.backends,
+                                          self.module_file if self.runner.reads_local_files else None)
         except Exception as e:  # noqa: BLE001 - random inputs are the fallback, and it is reported
             self.result.inputs_from = f"random ({clean_error(last_line(e), 240)})"
             values = None

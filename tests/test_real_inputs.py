@@ -108,3 +108,20 @@ def test_a_worker_captures_the_values_into_a_file_the_search_reads_back(tmp_path
                         strict=True):
             np.testing.assert_array_equal(a, b)
     assert not list(tmp_path.glob("*.npz"))
+
+
+def test_a_runner_whose_worker_cannot_read_this_machines_files_captures_here():
+    """A remote worker cannot read the model's file, so the session writes none for it
+    (``Runner.reads_local_files``), and the values are computed in the search process."""
+    from partune.runners.runner import Runner
+    from tests.graphs import TupleGraph
+
+    class Remote(Runner):
+        def exchange(self, request, timeout_s=None):
+            raise AssertionError("captured here, not sent")
+
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype("float32")
+    graph = DataflowGraph.from_function(TupleGraph["main"])
+    assert not Remote().reads_local_files and LocalRunner.reads_local_files
+    got = Remote().captured(TupleGraph, graph, [x], ["onnxruntime"], None)
+    assert set(got) == set(capture_values(TupleGraph, graph, [x], ["onnxruntime"]))
