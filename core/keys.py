@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -76,9 +77,14 @@ def plan_key(plan: Plan) -> str:
     return "plan:" + digest(doc, KEY_DIGITS, sort_keys=True)
 
 
-def verdict_key(graph_fingerprint: str, plan_keys: list[str], peers: list[str]) -> str:
-    """The prefix of one verdict's measurements (one per contender label follows it)."""
-    return "verdict:" + digest([graph_fingerprint, sorted(plan_keys), sorted(peers)], KEY_DIGITS) + ":"
+def verdict_key(graph_fingerprint: str, plan_keys: dict[str, str], peers: Sequence[str]) -> str:
+    """The prefix of one verdict's measurements (one per contender label follows it).
+
+    ``plan_keys`` maps each finalist's label to its plan's key: the labels are part of the
+    verdict, since its measurements are stored under them. (One search may call the same
+    plan "partune dp" and another "partune dp (f32)"; keyed by plans alone, the second found
+    the verdict done but its own labels never stored, and waited for ever.)"""
+    return "verdict:" + digest([graph_fingerprint, sorted(plan_keys.items()), sorted(peers)], KEY_DIGITS) + ":"
 
 
 def calibration_keys(scope: SEScope) -> tuple[str, str]:

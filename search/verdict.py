@@ -33,6 +33,7 @@ from partune.store.measurements import FIRST_POLL_S, POLL_S
 
 if TYPE_CHECKING:
     from partune.search.session import SearchSession
+    from partune.store.measurements import MeasurementStore
 
 FINALISTS = 3
 VERDICT_ROUNDS = 7
@@ -82,6 +83,10 @@ def _wanted(s: SearchSession) -> tuple[str, ...]:
     return available_peers(s.model, s.options.peers + tuple(p for p in bf16 if p.split()[0] in s.options.peers))
 
 
+def _verdict_key(s: SearchSession, finalists: dict[str, Plan], wanted: tuple[str, ...]) -> str:
+    return verdict_key(s.graph.fingerprint, {label: plan_key(p) for label, p in finalists.items()}, wanted)
+
+
 def await_verdict(s: SearchSession, finalists: dict[str, Plan]) -> None:
     """While another worker of this search times the verdict, wait for it with short polls
     (``judge`` looks every ``POLL_S``), so a worker that follows ends when the verdict lands.
@@ -90,7 +95,7 @@ def await_verdict(s: SearchSession, finalists: dict[str, Plan]) -> None:
     under this one and ``judge`` would simply wait on its own."""
     from partune.store.claims import alive
 
-    key = verdict_key(s.graph.fingerprint, [plan_key(p) for p in finalists.values()], _wanted(s))
+    key = _verdict_key(s, finalists, _wanted(s))
     claims, pause, waited = s.store.claims, FIRST_POLL_S, False
     # Not past the claim's time to live: a dead worker's claim is then judge's to take over.
     until = time.monotonic() + getattr(claims, "ttl_s", 0.0)
@@ -111,11 +116,11 @@ def judge(s: SearchSession, finalists: dict[str, Plan]) -> None:
     """
     model, store, counts = s.model, s.store, s.counts
     wanted = _wanted(s)
-    key = verdict_key(model.graph.fingerprint, [plan_key(p) for p in finalists.values()], wanted)
+    key = _verdict_key(s, finalists, wanted)
     labels = list(finalists) + [peer_label(p, model) for p in wanted]
     s.progress.start_phase("plans vs peers, interleaved", 1)
     while not all(key + label in store for label in labels):
-        if store.claims.claim(key):
+        if store.claims.claim(key) or _never_stored(store, key, labels):
             specs = peer_specs(model, wanted, s.module_file.parent)
             request = compare_request(s.module_file, finalists, specs, model.inputs, VERDICT_ROUNDS)
             measured = s.runner.compare(request, timeout_s=max(VERDICT_TIMEOUT_S, s.runner.timeout_s))
@@ -133,6 +138,15 @@ def judge(s: SearchSession, finalists: dict[str, Plan]) -> None:
                                s.options.tolerance, s.result.verdict.left_out)
     best = min((m.median_s for m in measured.values() if m.ok), default=float("nan"))
     s.progress.advance(f"fastest median {best * 1e3:.3f} ms")
+
+
+def _never_stored(store: MeasurementStore, key: str, labels: list[str]) -> bool:
+    """Whether the verdict under ``key`` is done without some of ``labels``: waiting for them
+    would never end (``judge`` then times it itself)."""
+    if not store.claims.is_done(key):
+        return False
+    store.refresh()  # done was seen first, so what its worker stored is read now
+    return not all(key + label in store for label in labels)
 
 
 def fastest_library_peer(verdict: Verdict) -> str | None:
