@@ -34,15 +34,21 @@ def _f32(expr: relax.Expr) -> bool:
     return isinstance(ty, relax.TensorType) and ty.dtype == "float32"
 
 
+def casts(value: relax.Expr) -> bool:
+    """Whether ``value`` is a matmul or convolution on float32 operands: what bf16 makes faster,
+    and what ``in_bf16`` rewrites. A region without one is no bf16 candidate: under TVM it would
+    compute exactly as in f32, and elsewhere it gains little but pays two casts at its borders."""
+    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in _OPS
+            and _f32(value.args[0]) and _f32(value.args[1]))
+
+
 def in_bf16(value: relax.Expr) -> relax.Expr:
     """``value`` with its matmul or convolution computed on bf16 operands into an f32 result;
-    any other value, or one whose operands are not both float32, unchanged."""
-    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op) or value.op.name not in _OPS:
+    any other value (see ``casts``) unchanged."""
+    if not casts(value):
         return value
     make, fields = _OPS[value.op.name]
     a, b = value.args[0], value.args[1]
-    if not (_f32(a) and _f32(b)):
-        return value
     attrs = {name: getattr(value.attrs, name) for name in fields}
     return make(relax.op.astype(a, BF16), relax.op.astype(b, BF16), **attrs, out_dtype="float32")
 

@@ -15,6 +15,7 @@ from tvm import relax
 from tvm.relax.dpl import WildcardPattern
 
 from partune.backends import registry
+from partune.core.bf16 import casts
 from partune.core.graph import DataflowGraph, main_bindings
 from partune.core.plan import Plan, single_backend_plan
 from partune.core.scopes import CompilationConfig, SEScope
@@ -77,6 +78,11 @@ def accepted_nodes(func: relax.Function, backend: str) -> set[int]:
     return {i for i, b in enumerate(main_bindings(func)) if impl.accepts(b)}
 
 
+def bf16_nodes(func: relax.Function) -> frozenset[int]:
+    """The nodes bf16 computes faster (``partune.core.bf16.casts``): a bf16 region holds one."""
+    return frozenset(i for i, b in enumerate(main_bindings(func)) if casts(b.value))
+
+
 def backend_plan(name: str, mod: tvm.IRModule, graph: DataflowGraph, config: CompilationConfig,
                  backend: str, precision: str = "f32", threads: int | None = None) -> Plan:
     """The single-backend plan: all that ``backend`` accepts goes to it, the rest to the default."""
@@ -93,6 +99,7 @@ def enumerate_candidates(mod: tvm.IRModule, graph: DataflowGraph, config: Compil
     out: dict[tuple[int, int], Candidate] = {}  # (node set, scope number) -> its first candidate
     number: dict[SEScope, int] = {}  # equal scopes share a number (a scope's hash is not cheap)
     proposed: dict[str, list] = {}  # a backend's proposals, shared by its scopes (f32, bf16)
+    bf16_mask = sum(1 << i for i in bf16_nodes(func)) if "bf16" in config.precisions else 0
     for scope in config.primitives:
         if scope.threads:
             # A one-thread twin competes whole (single-library plans) and in refinement, not per
@@ -105,7 +112,10 @@ def enumerate_candidates(mod: tvm.IRModule, graph: DataflowGraph, config: Compil
             ok = accepted_nodes(func, scope.backend)
             rule = rule_for_style(backend.fusion_style.value, backend.patterns())
             proposed[scope.backend] = rule.propose(RuleContext(graph, ok.__contains__, match))
+        bf16 = scope.compute_precision == "bf16"
         for prop in proposed[scope.backend]:
+            if bf16 and not prop.subgraph.mask & bf16_mask:
+                continue  # nothing in it that bf16 computes faster (``partune.core.bf16.casts``)
             if all(scope.compatible(pins[n]) for n in prop.subgraph.nodes if n in pins):
                 out.setdefault((prop.subgraph.mask, at), Candidate(prop.subgraph, scope, prop.rule))
     return sorted(out.values(), key=lambda c: (c.subgraph.nodes[0], len(c.subgraph), c.backend))

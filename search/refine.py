@@ -45,20 +45,24 @@ POLL_S = 2.0  # how often a worker whose budget is spent looks at other workers'
 NATIVE_MOVE_MAX_NODES = 4  # larger regions moved to native TVM are slow to build and to run
 
 
-def _choices(base: Plan, config: CompilationConfig, accepted: dict[str, set[int]]) -> list[list[str]]:
+def search_space(base: Plan, config: CompilationConfig, accepted: dict[str, set[int]],
+                 bf16: frozenset[int] = frozenset()) -> list[list[str]]:
     """Per region of ``base``: keep, or a scope of a backend that accepts every one of its
     nodes (named by ``SEScope.choice``: ``backend``, ``backend/bf16``, ``backend/1t``; a
     region may also change precision or thread count alone).
 
     Moving a region to the native backend (untuned TVM) is offered for small regions only:
-    glue is where it wins, and each big one costs a long build to learn that it loses.
+    glue is where it wins, and each big one costs a long build to learn that it loses. A
+    bf16 scope is offered to a region that holds one of the ``bf16`` nodes
+    (``partune.search.candidates.bf16_nodes``), as for candidates.
     """
     native = config.default.backend
     offered = [s for s in config.primitives if s.backend in accepted]
     out = []
     for r in base.regions:
         moves = [s.choice for s in offered if s != r.scope and set(r.nodes) <= accepted[s.backend]
-                 and (s.backend != native or len(r.nodes) <= NATIVE_MOVE_MAX_NODES)]
+                 and (s.backend != native or len(r.nodes) <= NATIVE_MOVE_MAX_NODES)
+                 and (s.compute_precision != "bf16" or not bf16.isdisjoint(r.nodes))]
         out.append([KEEP, *sorted(moves)])
     return out
 
@@ -131,7 +135,8 @@ def _one_trial(study: optuna.Study, objective: Callable) -> None:
 def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted: dict[str, set[int]],
            measure: Callable[[Plan], Measurement], storage: optuna.storages.BaseStorage, study_name: str,
            n_trials: int, *, seed: int = 0, deadline: float | None = None, memory: bool = False,
-           claims: Claims | None = None, patience: int | None = None) -> Refined | None:
+           claims: Claims | None = None, patience: int | None = None,
+           bf16: frozenset[int] = frozenset()) -> Refined | None:
     """Run the study until it holds ``n_trials`` trials (or ``deadline``, ``time.monotonic``,
     passes, or, with ``patience``, that many trials in a row found no faster variant); the
     fastest variant measured, and with ``memory`` the Pareto front.
@@ -142,8 +147,11 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
     only one of them queue the seeds, Optuna hands each trial to
     one worker, and the budget counts every worker's trials. With ``memory`` the study
     has two objectives, latency and peak memory, and NSGA-II proposes the variants.
+    ``bf16``: the nodes a region needs one of to be offered bf16 (``search_space``). The
+    study's name must name its search space (``refine_study_name``): Optuna refuses to go on
+    with a study whose choices changed.
     """
-    choices = _choices(base, config, accepted)
+    choices = search_space(base, config, accepted, bf16)
     if memory:
         sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(20, n_trials // 2)))
         directions = ["minimize", "minimize"]

@@ -44,7 +44,7 @@ from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from partune.search.options import TuneOptions
 from partune.search.precision import budgeted, overran, repair
 from partune.search.pruning import features, prune
-from partune.search.refine import refine
+from partune.search.refine import refine, search_space
 from partune.search.result import Counts, Progress, TuneResult
 from partune.store.measurements import FIRST_POLL_S, POLL_S, MeasurementStore
 
@@ -437,6 +437,7 @@ class SearchSession:
 
     def refine(self) -> None:
         """Plan variants around the DP's plan, proposed by Optuna and measured end to end."""
+        from partune.search.candidates import bf16_nodes
         from partune.search.verdict import refine_study_name
 
         opts, result = self.options, self.result
@@ -446,7 +447,9 @@ class SearchSession:
         self.progress.start_phase("refine plans end to end (Optuna" + (", NSGA-II" if opts.memory else "") +
                                   (", until it converges)" if patience else ")"), trials if not patience else 0)
         accepted = {b: accepted_nodes(self.mod["main"], b) for b in self.backends if b not in self.autotuned}
-        result.refine_study = refine_study_name(self.graph, result.dp_plan, opts.memory)
+        bf16 = bf16_nodes(self.mod["main"]) if "bf16" in self.config.precisions else frozenset()
+        space = search_space(result.dp_plan, self.config, accepted, bf16)
+        result.refine_study = refine_study_name(self.graph, result.dp_plan, opts.memory, space)
 
         def measure(p: Plan) -> Measurement:  # a variant whose measured regions alone are hopeless: not timed
             known = sum(c for r in p.regions if (c := self.stored_cost(r)) is not None)
@@ -454,7 +457,7 @@ class SearchSession:
 
         refined = refine(self.graph, result.dp_plan, self.config, accepted, measure, self.store.storage,
                          result.refine_study, trials, deadline=opts.deadline, memory=opts.memory,
-                         claims=self.store.claims, patience=patience)
+                         claims=self.store.claims, patience=patience, bf16=bf16)
         result.refined = refined
         if refined is not None:
             result.front = refined.front

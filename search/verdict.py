@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from partune.core.errors import clean_error
 from partune.core.graph import DataflowGraph
-from partune.core.keys import plan_key, verdict_key
+from partune.core.keys import digest, plan_key, verdict_key
 from partune.core.plan import ModelFile, Plan, Region, model_file_plan
 from partune.runners.builder import compare_request
 from partune.runners.peers import (
@@ -71,9 +71,12 @@ def fit_in_memory(s: SearchSession, finalists: dict[str, Plan]) -> dict[str, Pla
     return {label: finalists[label] for label in finalists if label in kept}
 
 
-def refine_study_name(graph: DataflowGraph, dp_plan: Plan, memory: bool) -> str:
-    """The refinement study of a model's DP plan (the same for every worker and every rerun)."""
-    return f"refine:{graph.fingerprint}:{plan_key(dp_plan)}" + (":latency+memory" if memory else "")
+def refine_study_name(graph: DataflowGraph, dp_plan: Plan, memory: bool, space: list[list[str]]) -> str:
+    """The refinement study of a model's DP plan over ``space`` (``partune.search.refine.search_space``):
+    the same for every worker and every rerun. A rerun whose choices changed (a backend now
+    offers more) starts a study of its own; variants timed before are read from the store."""
+    return (f"refine:{graph.fingerprint}:{plan_key(dp_plan)}:{digest(space, 8)}"
+            + (":latency+memory" if memory else ""))
 
 
 def _wanted(s: SearchSession) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from tvm.script import relax as R
 from partune.backends import registry
 from partune.core.graph import DataflowGraph
 from partune.core.keys import candidate_key
-from partune.core.plan import single_backend_plan
+from partune.core.plan import Plan, Region, single_backend_plan
 from partune.core.scopes import CompilationConfig, ScopeError, SEScope, cpu_target
 from partune.runners.accuracy import f32_twin, has_bf16, held_out_inputs, relative_error
 from partune.runners.local import LocalRunner
@@ -134,6 +134,31 @@ def test_tvm_bf16_casts_the_operands_of_matmuls_and_convolutions_only():
         outs.append([o.numpy() for o in vm["main"](*[tvm.runtime.tensor(a) for a in inputs])])
     assert 1e-5 < relative_error(outs[1][:1], outs[0][:1]) < 0.05  # rounded like bf16, and close
     assert np.array_equal(outs[1][1], outs[0][1])  # the integer matmul untouched
+
+
+def test_bf16_is_offered_only_to_regions_holding_a_matmul_or_convolution():
+    """A region with none would compute under TVM exactly as in f32 (a second key for the same
+    thing, seen winning by noise with "error 0.0" and "100% in bf16"); elsewhere it gains little."""
+    from partune.search.candidates import bf16_nodes, enumerate_candidates
+    from partune.search.refine import search_space
+    from partune.search.verdict import refine_study_name
+
+    func, graph = Convs["main"], DataflowGraph.from_function(Convs["main"])
+    cast = bf16_nodes(func)
+    assert [graph.nodes[i].op for i in sorted(cast)] == ["nn.conv2d", "matmul"]  # not the int32 matmul
+    config = CompilationConfig.for_cpu(["tvm", "openvino"], bf16=("tvm", "openvino"))
+    cands = enumerate_candidates(Convs, graph, config)
+    bf16 = [c for c in cands if c.scope.precision == "bf16"]
+    assert bf16 and all(not cast.isdisjoint(c.subgraph.nodes) for c in bf16)
+    f32 = {(c.subgraph.nodes, c.backend) for c in cands if c.scope.precision is None}
+    assert {(c.subgraph.nodes, c.backend) for c in bf16} < f32  # a subset: the rest are f32 only
+    tvm_f32 = config.scope_for("tvm")
+    split = Plan("convs", graph.fingerprint, config, tuple(Region((n,), tvm_f32) for n in range(len(graph))))
+    accepted = {b: accepted_nodes(func, b) for b in ("tvm", "openvino")}
+    space = search_space(split, config, accepted, cast)
+    assert all(any(c.endswith("/bf16") for c in moves) == (i in cast) for i, moves in enumerate(space))
+    # The refinement study names its space: Optuna refuses a study whose choices changed.
+    assert refine_study_name(graph, split, False, space) != refine_study_name(graph, split, False, space[:-1])
 
 
 # -- the error of a plan ----------------------------------------------------------------

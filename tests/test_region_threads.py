@@ -21,7 +21,7 @@ from partune.core.scopes import CompilationConfig, ScopeError, SEScope
 from partune.runners.local import LocalRunner
 from partune.search.candidates import accepted_nodes, enumerate_candidates
 from partune.search.options import TuneOptions
-from partune.search.refine import _choices
+from partune.search.refine import search_space
 from partune.search.session import SearchSession
 from partune.search.tune import tune
 from partune.store.measurements import MEMORY, MeasurementStore
@@ -61,7 +61,7 @@ def test_twins_compete_whole_and_in_refinement_not_per_candidate():
     assert cands and not any(c.scope.threads for c in cands)
     accepted = {b: accepted_nodes(_Model.mod["main"], b) for b in config.backends}
     plan = single_backend_plan("mlp", _Model.graph, config, "onnxruntime", accepted["onnxruntime"])
-    assert all("onnxruntime/1t" in moves for moves in _choices(plan, config, accepted))
+    assert all("onnxruntime/1t" in moves for moves in search_space(plan, config, accepted))
 
 
 @pytest.mark.parametrize("backend", LIBRARIES)
