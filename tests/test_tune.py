@@ -253,13 +253,16 @@ def test_a_hopeless_native_plan_is_not_timed(tmp_path, monkeypatch):
     session = SearchSession(model, ["tvm", "onnxruntime"], None, None, TuneOptions())
     plans = {f"{b}-only": backend_plan(model.name, model.mod, model.graph, session.config, b)
              for b in ("tvm", "onnxruntime")}
+    bf16 = CompilationConfig.for_cpu(["tvm", "onnxruntime"], bf16=("tvm",))  # TVM's bf16: as hopeless
+    plans["tvm-only (bf16)"] = backend_plan(model.name, model.mod, model.graph, bf16, "tvm", "bf16")
     session.result.end_to_end["partune dp"] = Measurement(1e-3, 0.0, 1e-3, 5, 1)
     for estimate_s, timed in [((HOPELESS + 1) * 1e-3, ["onnxruntime-only"]),
-                              ((HOPELESS - 1) * 1e-3, ["tvm-only", "onnxruntime-only"])]:
+                              ((HOPELESS - 1) * 1e-3, ["tvm-only", "onnxruntime-only", "tvm-only (bf16)"])]:
         monkeypatch.setattr(session, "dp", lambda allowed, *a, e=estimate_s, **k: (Cover((), e, 0), None))
         assert sorted(session.worth_timing(plans)) == sorted(timed)
     skipped = session.result.end_to_end["tvm-only"]
     assert not skipped.ok and skipped.error.startswith("not measured: its regions add up to 11.0 ms, 11x")
+    assert session.result.end_to_end["tvm-only (bf16)"] == skipped
     # The same bar for a refinement variant (its measured regions added up): 7 s against 0.32 s
     # was timed at 24 BERT layers.
     assert session.hopeless((HOPELESS - 1) * 1e-3) is None and not session.hopeless((HOPELESS + 1) * 1e-3).ok
