@@ -147,9 +147,8 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
     only one of them queue the seeds, Optuna hands each trial to
     one worker, and the budget counts every worker's trials. With ``memory`` the study
     has two objectives, latency and peak memory, and NSGA-II proposes the variants.
-    ``bf16``: the nodes a region needs one of to be offered bf16 (``search_space``). The
-    study's name must name its search space (``refine_study_name``): Optuna refuses to go on
-    with a study whose choices changed.
+    ``bf16``: as for ``search_space``. The study's name must name that space
+    (``refine_study_name``): Optuna refuses to go on with a study whose choices changed.
     """
     choices = search_space(base, config, accepted, bf16)
     if memory:

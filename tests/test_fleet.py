@@ -53,10 +53,17 @@ def test_fleet_three_workers_two_devices_one_postgres_store(tmp_path, postgres_u
         # The candidates are the work to share; plans and calibrations are few, taken by whoever
         # gets there first.
         candidates = [t for t in trials if t.user_attrs["key"].startswith("region:")]
-        share = Counter(t.user_attrs["pid"] for t in candidates)
-        assert set(share) == {p.pid for p in procs}, "every worker measured"
-        for n in share.values():  # (1/N) +- 20% of the keys each
-            assert abs(n / len(candidates) - 1 / WORKERS) <= 0.2 / WORKERS, (share, len(candidates))
+        assert {t.user_attrs["pid"] for t in candidates} == {p.pid for p in procs}, "every worker measured"
+        # (1/N) +- 20% of the keys each, counted from when the last worker to start stored its
+        # first: until then the others worked alone (a worker's start-up, 3-6 s on a loaded
+        # machine, is ten of these candidates; one CI run counted 21 / 15 / 15 of 51 from the start).
+        first = {pid: min(t.datetime_start for t in candidates if t.user_attrs["pid"] == pid)
+                 for pid in {p.pid for p in procs}}
+        together = [t for t in candidates if t.datetime_start >= max(first.values())]
+        share = Counter(t.user_attrs["pid"] for t in together)
+        assert len(together) >= 5 * WORKERS, (len(together), len(candidates))
+        for n in share.values():
+            assert abs(n / len(together) - 1 / WORKERS) <= 0.2 / WORKERS, (share, len(together), len(candidates))
         # `partune status` shows the fleet: the device, its rate, every worker that measured.
         from partune.cli import main
 
