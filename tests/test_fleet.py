@@ -55,8 +55,8 @@ def test_fleet_three_workers_two_devices_one_postgres_store(tmp_path, postgres_u
         candidates = [t for t in trials if t.user_attrs["key"].startswith("region:")]
         assert {t.user_attrs["pid"] for t in candidates} == {p.pid for p in procs}, "every worker measured"
         # (1/N) +- 20% of the keys each, counted from when the last worker to start stored its
-        # first: until then the others worked alone (a worker's start-up, 3-6 s on a loaded
-        # machine, is ten of these candidates; one CI run counted 21 / 15 / 15 of 51 from the start).
+        # first: until then the others worked alone (start-up skews on a loaded machine; one CI
+        # run counted 21 / 15 / 15 of 51 from the start; here, 16-17 each of 48-49 together).
         first = {pid: min(t.datetime_start for t in candidates if t.user_attrs["pid"] == pid)
                  for pid in {p.pid for p in procs}}
         together = [t for t in candidates if t.datetime_start >= max(first.values())]
