@@ -136,7 +136,7 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
            measure: Callable[[Plan], Measurement], storage: optuna.storages.BaseStorage, study_name: str,
            n_trials: int, *, seed: int = 0, deadline: float | None = None, memory: bool = False,
            claims: Claims | None = None, patience: int | None = None,
-           bf16: frozenset[int] = frozenset()) -> Refined | None:
+           space: list[list[str]] | None = None) -> Refined | None:
     """Run the study until it holds ``n_trials`` trials (or ``deadline``, ``time.monotonic``,
     passes, or, with ``patience``, that many trials in a row found no faster variant); the
     fastest variant measured, and with ``memory`` the Pareto front.
@@ -147,10 +147,10 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
     only one of them queue the seeds, Optuna hands each trial to
     one worker, and the budget counts every worker's trials. With ``memory`` the study
     has two objectives, latency and peak memory, and NSGA-II proposes the variants.
-    ``bf16``: as for ``search_space``. The study's name must name that space
-    (``refine_study_name``): Optuna refuses to go on with a study whose choices changed.
+    ``space``: the per-region choices (``search_space``; by default without bf16), which the
+    study's name must name (``refine_study_name``): Optuna refuses a study whose choices changed.
     """
-    choices = search_space(base, config, accepted, bf16)
+    choices = space if space is not None else search_space(base, config, accepted)
     if memory:
         sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(20, n_trials // 2)))
         directions = ["minimize", "minimize"]

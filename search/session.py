@@ -460,7 +460,7 @@ class SearchSession:
 
         refined = refine(self.graph, result.dp_plan, self.config, accepted, measure, self.store.storage,
                          result.refine_study, trials, deadline=opts.deadline, memory=opts.memory,
-                         claims=self.store.claims, patience=patience, bf16=bf16)
+                         claims=self.store.claims, patience=patience, space=space)
         result.refined = refined
         if refined is not None:
             result.front = refined.front
