@@ -78,8 +78,11 @@ def accepted_nodes(func: relax.Function, backend: str) -> set[int]:
     return {i for i, b in enumerate(main_bindings(func)) if impl.accepts(b)}
 
 
-def bf16_nodes(func: relax.Function) -> frozenset[int]:
-    """The nodes bf16 computes faster (``partune.core.bf16.casts``): a bf16 region holds one."""
+def bf16_nodes(func: relax.Function, config: CompilationConfig) -> frozenset[int]:
+    """The nodes bf16 computes faster (``partune.core.bf16.casts``): a bf16 region holds one.
+    Empty where ``config`` offers no bf16."""
+    if "bf16" not in config.precisions:
+        return frozenset()
     return frozenset(i for i, b in enumerate(main_bindings(func)) if casts(b.value))
 
 
@@ -99,7 +102,7 @@ def enumerate_candidates(mod: tvm.IRModule, graph: DataflowGraph, config: Compil
     out: dict[tuple[int, int], Candidate] = {}  # (node set, scope number) -> its first candidate
     number: dict[SEScope, int] = {}  # equal scopes share a number (a scope's hash is not cheap)
     proposed: dict[str, list] = {}  # a backend's proposals, shared by its scopes (f32, bf16)
-    bf16_mask = sum(1 << i for i in bf16_nodes(func)) if "bf16" in config.precisions else 0
+    bf16_mask = sum(1 << i for i in bf16_nodes(func, config))
     for scope in config.primitives:
         if scope.threads:
             # A one-thread twin competes whole (single-library plans) and in refinement, not per

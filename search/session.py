@@ -450,8 +450,7 @@ class SearchSession:
         self.progress.start_phase("refine plans end to end (Optuna" + (", NSGA-II" if opts.memory else "") +
                                   (", until it converges)" if patience else ")"), trials if not patience else 0)
         accepted = {b: accepted_nodes(self.mod["main"], b) for b in self.backends if b not in self.autotuned}
-        bf16 = bf16_nodes(self.mod["main"]) if "bf16" in self.config.precisions else frozenset()
-        space = search_space(result.dp_plan, self.config, accepted, bf16)
+        space = search_space(result.dp_plan, self.config, accepted, bf16_nodes(self.mod["main"], self.config))
         result.refine_study = refine_study_name(self.graph, result.dp_plan, opts.memory, space)
 
         def measure(p: Plan) -> Measurement:  # a variant whose measured regions alone are hopeless: not timed

@@ -144,9 +144,10 @@ def test_bf16_is_offered_only_to_regions_holding_a_matmul_or_convolution():
     from partune.search.verdict import refine_study_name
 
     func, graph = Convs["main"], DataflowGraph.from_function(Convs["main"])
-    cast = bf16_nodes(func)
-    assert [graph.nodes[i].op for i in sorted(cast)] == ["nn.conv2d", "matmul"]  # not the int32 matmul
     config = CompilationConfig.for_cpu(["tvm", "openvino"], bf16=("tvm", "openvino"))
+    cast = bf16_nodes(func, config)
+    assert not bf16_nodes(func, CompilationConfig.for_cpu(["tvm", "openvino"]))  # no bf16 on offer
+    assert [graph.nodes[i].op for i in sorted(cast)] == ["nn.conv2d", "matmul"]  # not the int32 matmul
     cands = enumerate_candidates(Convs, graph, config)
     bf16 = [c for c in cands if c.scope.precision == "bf16"]
     assert bf16 and all(not cast.isdisjoint(c.subgraph.nodes) for c in bf16)
