@@ -8,6 +8,7 @@ from tvm import relax
 
 from partune.finite_bounds import drop_softmax_guards
 from partune.input_free import fold_input_free
+from partune.relative_shear import shear_relative_gathers
 
 
 @relax.expr_functor.mutator
@@ -144,7 +145,8 @@ def _scalar(expr: relax.Expr) -> float | None:
 
 def normalise(mod: tvm.IRModule) -> tvm.IRModule:
     """Make an imported module buildable and uniform: bool cumsum fixed, whole-input pools made
-    reductions, import idioms spelt so every backend takes them, constants folded, no dead code."""
+    reductions, import idioms spelt so every backend takes them, constants folded, relative
+    position gathers made shears, no dead code."""
     mod = mod.clone() if hasattr(mod, "clone") else mod
     mod["main"] = _BoolCumsumFix().visit_expr(mod["main"])
     mod["main"] = _WholeInputPool().visit_expr(mod["main"])
@@ -153,5 +155,6 @@ def normalise(mod: tvm.IRModule) -> tvm.IRModule:
     mod = fold_input_free(mod)  # what FoldConstant cannot: work rooted in R.arange and the like
     mod["main"] = _ExactIdioms().visit_expr(mod["main"])  # (after folding: it reads constants)
     mod = drop_softmax_guards(mod)  # softmax guards that can never fire
+    mod = shear_relative_gathers(mod)  # relative-position gathers as contiguous copies
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
     return mod

@@ -6,7 +6,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from partune import input_free
+from partune import input_free, relative_shear
 from partune.backends import registry
 from partune.core.graph import main_bindings
 from partune.model_rewrites import normalise
@@ -148,3 +148,55 @@ def test_magnitude_bounds_hold_on_extreme_inputs_and_refuse_overflow():
             z = bb.emit_output(relax.op.matmul(y, relax.const(np.full((8, 2), 3e37, "float32"))))
         bb.emit_func_output(z)
     assert not never_infinite(magnitude_bounds(bb.get()["main"])[z])
+
+
+# --------------------------------------------------------------------------- relative shears
+
+
+def _relative_scores(n: int, m: int, k: int, c: int, s: int, from_matmul: bool) -> tuple[tvm.IRModule, np.ndarray]:
+    """DeBERTa's c2p (s = +1) or p2c (s = -1) pick: scores against every relative position,
+    gathered at ``c + s * (j - i)``; the scores a matmul by constant position keys, or the input."""
+    rng = np.random.default_rng(n * 100 + m)
+    i, j = np.indices((n, m))
+    idx = np.broadcast_to(c + s * (j - i), (2, n, m)).astype("int64")
+    shape = (2, n, 8) if from_matmul else (2, n, k)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            scores = x
+            if from_matmul:
+                keys = relax.const(rng.standard_normal((2, 8, k)).astype("float32"))
+                scores = bb.emit(relax.op.matmul(x, keys))
+            out = bb.emit_output(relax.op.gather_elements(scores, relax.const(idx), axis=-1))
+        bb.emit_func_output(out)
+    return bb.get(), rng.standard_normal(shape).astype("float32")
+
+
+@pytest.mark.parametrize("n, m, k, c, s, from_matmul", [
+    (8, 8, 32, 16, 1, True), (8, 8, 32, 16, -1, True), (6, 4, 20, 9, 1, False),
+    (5, 7, 16, 7, 1, True), (4, 6, 12, 8, -1, True)])
+def test_a_diagonal_gather_becomes_a_shear_and_picks_the_same_elements(n, m, k, c, s, from_matmul):
+    mod, x = _relative_scores(n, m, k, c, s, from_matmul)
+    sheared = normalise(mod)
+    assert "relax.gather_elements" not in _ops(sheared)
+    np.testing.assert_array_equal(_run(sheared, x), _run(mod, x))
+    if from_matmul:  # the keys keep only the n + m - 1 columns the index reads
+        (keys,) = [a for b in main_bindings(sheared["main"]) if _op_name(b.value) == "relax.matmul"
+                   for a in b.value.args[1:]]
+        assert keys.value.numpy().shape[-1] == n + m - 1
+
+
+def test_other_gathers_stay():
+    assert relative_shear.diagonal(np.array([[0, 1], [1, 2]])) is None  # j + i: not a shear
+    assert relative_shear.diagonal(np.array([[[2, 3], [1, 2]], [[2, 3], [2, 3]]])) is None  # planes differ
+    assert relative_shear.diagonal(np.array([[5, 6, 7], [4, 5, 6]])) == (5, 1)
+    assert relative_shear.diagonal(np.array([[5, 4], [6, 5]])) == (5, -1)
+    mod, _ = _relative_scores(6, 4, 20, 9, -1, from_matmul=False)  # descending, no matmul to fold into
+    assert "relax.gather_elements" in _ops(normalise(mod))
+    mod, _ = _relative_scores(8, 8, 12, 4, 1, from_matmul=True)  # the index leaves the scores
+    assert "relax.gather_elements" in _ops(normalise(mod))
+
+
+def _op_name(value) -> str | None:
+    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
