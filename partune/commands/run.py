@@ -1,4 +1,5 @@
-"""``partune run`` and ``partune bench``: a model under a plan, or single-backend plans against the peers."""
+"""``partune run``, ``bench`` and ``headroom``: a model under a plan, single-backend plans against the
+peers, and how much any plan could gain over the libraries."""
 
 from __future__ import annotations
 
@@ -101,4 +102,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"{model.name}: {len(model.graph)} nodes, batch 1, {args.threads} thread(s), "
           f"reference {model.reference_source}; x fastest = median / fastest median")
     print(format_table(rows))
+    return 0
+
+
+def cmd_headroom(args: argparse.Namespace) -> int:
+    from partune.headroom import describe, measure
+
+    print(describe(measure(load_model(args), args.threads)))
     return 0
