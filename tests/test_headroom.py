@@ -59,3 +59,27 @@ def test_headroom_command_on_a_file_of_matmuls(capsys, tmp_path):
     # No library runs these products faster than the large GEMM timed beside it, up to noise
     # (were the count twice too high, the ceiling would read about 0.5x).
     assert ceiling >= 0.8 and bound <= ceiling
+
+
+def _verdict(plan_s: float, peer_s: float):
+    """What the summary reads of a finished search: the plan and one peer, timed."""
+    from types import SimpleNamespace
+
+    from partune.runners.timing import Measurement
+
+    def took(s):
+        return Measurement(median_s=s, spread_s=0.0, cpu_s=s, repeats=3, number=10)
+
+    verdict = SimpleNamespace(measurements={"partune dp": took(plan_s), "openvino (your .onnx file)": took(peer_s)},
+                              best_peer="openvino (your .onnx file)", how="one process", left_out="",
+                              peers=("openvino (your .onnx file)",), over_budget=lambda label: False)
+    plan = SimpleNamespace(notes={"speedup_vs_best_peer": peer_s / plan_s, "chosen_as": "partune dp"}, model_file=None)
+    return SimpleNamespace(verdict=verdict, plan=plan)
+
+
+def test_the_summary_points_to_headroom_only_where_the_plan_does_not_clearly_win():
+    from partune.commands.summary import _verdict_lines
+
+    assert any("partune headroom" in line for line in _verdict_lines(_verdict(1.0e-3, 1.01e-3)))  # a tie
+    assert any("partune headroom" in line for line in _verdict_lines(_verdict(1.2e-3, 1.0e-3)))  # a loss
+    assert not any("partune headroom" in line for line in _verdict_lines(_verdict(1.0e-3, 1.3e-3)))

@@ -131,4 +131,7 @@ def _verdict_lines(result) -> list[str]:
         else:
             lines.append(f"NO PLAN BEATS {peer}: the best plan runs at {x:.2f}x its speed; "
                          f"{peer} alone serves this model better on this machine")
+        if x < 1.0 + NOISE or result.plan.model_file is not None:
+            lines.append("whether a longer search could do better: `partune headroom MODEL` measures the most "
+                         "any f32 plan could gain over the libraries here")
     return lines
