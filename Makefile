@@ -27,11 +27,15 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # The emitted plan against onnxruntime, OpenVINO and torch.compile, zoo + ONNX exports, at one
-# thread and at every core, then the held-out architectures on their own (hours).
+# thread and at every core, then the held-out architectures on their own (hours); last, each
+# export's headroom (the most any f32 plan could gain), beside the plans just measured.
 bench: $(STAMP)
 	$(BIN)/python experiments/bench_vs_peers.py
 	$(BIN)/python experiments/bench_vs_peers.py --threads all --out experiments/results/vs_peers_all_cores.md
 	$(BIN)/python experiments/bench_vs_peers.py --held-out
+	$(BIN)/python experiments/bench_vs_peers.py --held-out --threads all --out experiments/results/vs_peers_held_out_all_cores.md
+	$(BIN)/python experiments/bench_headroom.py
+	$(BIN)/python experiments/bench_headroom.py --threads $$(nproc) --out experiments/results/headroom_all_cores.md
 
 # bf16 regions within a 1e-2 relative-error budget, against the f32 plan and the peers at that
 # budget (shares the f32 benchmark's store: run after `make bench`).
