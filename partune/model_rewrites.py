@@ -1,5 +1,6 @@
 """Rewrites every imported module goes through (``normalise``): each keeps the model's
-meaning exactly and makes it buildable, uniform, or takeable by more backends."""
+meaning exactly (the same values, or the same products summed in another order, as any
+backend's kernel may) and makes it buildable, uniform, faster, or takeable by more backends."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from tvm import relax
 from partune.finite_bounds import drop_softmax_guards
 from partune.input_free import fold_input_free
 from partune.relative_shear import shear_relative_gathers
+from partune.waveform_conv import frame_waveform_convs
 
 
 @relax.expr_functor.mutator
@@ -146,7 +148,7 @@ def _scalar(expr: relax.Expr) -> float | None:
 def normalise(mod: tvm.IRModule) -> tvm.IRModule:
     """Make an imported module buildable and uniform: bool cumsum fixed, whole-input pools made
     reductions, import idioms spelt so every backend takes them, constants folded, relative
-    position gathers made shears, no dead code."""
+    position gathers made shears, a waveform's convolution a matmul over frames, no dead code."""
     mod = mod.clone() if hasattr(mod, "clone") else mod
     mod["main"] = _BoolCumsumFix().visit_expr(mod["main"])
     mod["main"] = _WholeInputPool().visit_expr(mod["main"])
@@ -156,5 +158,6 @@ def normalise(mod: tvm.IRModule) -> tvm.IRModule:
     mod["main"] = _ExactIdioms().visit_expr(mod["main"])  # (after folding: it reads constants)
     mod = drop_softmax_guards(mod)  # softmax guards that can never fire
     mod = shear_relative_gathers(mod)  # relative-position gathers as contiguous copies
+    mod = frame_waveform_convs(mod)  # a waveform's strided convolution as a matmul over frames
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
     return mod

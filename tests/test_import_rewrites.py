@@ -200,3 +200,39 @@ def test_other_gathers_stay():
 
 def _op_name(value) -> str | None:
     return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
+
+
+# --------------------------------------------------------------------------- waveform convolutions
+
+
+def _waveform(k: int, s: int, padding: int = 0, channels: int = 1, constant: bool = True) -> tvm.IRModule:
+    """wav2vec2's first layer: a strided conv1d over a raw signal, then a bias."""
+    rng = np.random.default_rng(k * 10 + s)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, channels, 203), "float32"))
+    params = [x]
+    w = relax.const(rng.standard_normal((6, channels, k)).astype("float32"))
+    if not constant:
+        w = relax.Var("w", relax.TensorType((6, channels, k), "float32"))
+        params.append(w)
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv1d(x, w, strides=s, padding=padding))
+            out = bb.emit_output(relax.op.add(y, relax.const(rng.standard_normal((1, 6, 1)).astype("float32"))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("k, s", [(10, 5), (3, 3), (4, 2), (9, 3)])
+def test_a_waveform_convolution_becomes_a_matmul_over_frames_with_the_same_values(k, s):
+    mod = _waveform(k, s)
+    framed = normalise(mod)
+    assert "relax.nn.conv1d" not in _ops(framed) and "relax.matmul" in _ops(framed)
+    x = np.random.default_rng(1).standard_normal((2, 1, 203)).astype("float32")
+    np.testing.assert_allclose(_run(framed, x), _run(mod, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [dict(k=10, s=5, padding=1), dict(k=10, s=4), dict(k=10, s=5, channels=2),
+                                    dict(k=10, s=5, constant=False), dict(k=3, s=1)])
+def test_other_convolutions_stay(kwargs):
+    assert "relax.nn.conv1d" in _ops(normalise(_waveform(**kwargs)))
