@@ -9,8 +9,8 @@ from tvm import relax
 
 from partune.finite_bounds import drop_softmax_guards
 from partune.input_free import fold_input_free
-from partune.relative_shear import shear_relative_gathers
-from partune.waveform_conv import frame_waveform_convs
+from partune.relative_shear import RelativeShears
+from partune.waveform_conv import WaveformFrames
 
 
 @relax.expr_functor.mutator
@@ -157,7 +157,7 @@ def normalise(mod: tvm.IRModule) -> tvm.IRModule:
     mod = fold_input_free(mod)  # what FoldConstant cannot: work rooted in R.arange and the like
     mod["main"] = _ExactIdioms().visit_expr(mod["main"])  # (after folding: it reads constants)
     mod = drop_softmax_guards(mod)  # softmax guards that can never fire
-    mod = shear_relative_gathers(mod)  # relative-position gathers as contiguous copies
-    mod = frame_waveform_convs(mod)  # a waveform's strided convolution as a matmul over frames
+    mod["main"] = RelativeShears().visit_expr(mod["main"])  # relative-position gathers as copies
+    mod["main"] = WaveformFrames().visit_expr(mod["main"])  # a waveform's conv: a matmul over frames
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
     return mod

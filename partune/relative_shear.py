@@ -58,7 +58,9 @@ def _shear(bb: relax.BlockBuilder, a: relax.Expr, lead: list[int], n: int, width
 
 
 @relax.expr_functor.mutator
-class _Shears(relax.PyExprMutator):
+class RelativeShears(relax.PyExprMutator):
+    """Every diagonal constant-index ``gather_elements`` made a shear (see the module docstring)."""
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.gather_elements"):
@@ -93,10 +95,3 @@ class _Shears(relax.PyExprMutator):
         if cols[-1] > cols[0]:
             return relax.op.strided_slice(data, [len(known_shape(data.ty)) - 1], [int(cols[0])], [int(cols[-1]) + 1])
         return None
-
-
-def shear_relative_gathers(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with every diagonal constant-index ``gather_elements`` of ``main`` made a shear."""
-    mod = mod.clone() if hasattr(mod, "clone") else mod
-    mod["main"] = _Shears().visit_expr(mod["main"])
-    return mod

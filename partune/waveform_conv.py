@@ -30,7 +30,9 @@ def _plain(attrs) -> bool:
 
 
 @relax.expr_functor.mutator
-class _Frames(relax.PyExprMutator):
+class WaveformFrames(relax.PyExprMutator):
+    """Every strided one-input-channel ``conv1d`` made a matmul over frames (see the module docstring)."""
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv1d") or not _plain(call.attrs):
@@ -51,10 +53,3 @@ class _Frames(relax.PyExprMutator):
         weights = relax.const(w.value.numpy().reshape(c, k))
         columns = bb.emit(relax.op.permute_dims(patches, [0, 2, 1]))  # [n, k, steps]
         return relax.op.matmul(weights, columns, out_dtype=call.attrs.out_dtype)
-
-
-def frame_waveform_convs(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with every strided one-input-channel ``conv1d`` of ``main`` made a matmul over frames."""
-    mod = mod.clone() if hasattr(mod, "clone") else mod
-    mod["main"] = _Frames().visit_expr(mod["main"])
-    return mod
