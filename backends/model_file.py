@@ -89,19 +89,25 @@ def _onnxruntime(data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFi
     return ModelFileRun("onnxruntime", names, run)
 
 
-def _openvino(data: bytes, inputs: list[np.ndarray], threads: int, precision: str = "f32") -> ModelFileRun:
+def openvino_model(data: bytes, inputs: list[np.ndarray]):
+    """The file read by OpenVINO, its open dimensions set to ``inputs``' shapes (not compiled)."""
     import openvino as ov
 
+    from partune.backends.openvino_backend import _core
+
+    model = _core().read_model(data)
+    if len(model.inputs) != len(inputs):
+        raise ModelFileError(f"the file takes {len(model.inputs)} inputs, the model {len(inputs)}")
+    if model.is_dynamic():
+        model.reshape({port: ov.PartialShape(list(a.shape)) for port, a in zip(model.inputs, inputs, strict=True)})
+    return model
+
+
+def _openvino(data: bytes, inputs: list[np.ndarray], threads: int, precision: str = "f32") -> ModelFileRun:
     from partune.backends.openvino_backend import _core, compile_config
 
-    core = _core()
     try:
-        model = core.read_model(data)
-        if len(model.inputs) != len(inputs):
-            raise ModelFileError(f"the file takes {len(model.inputs)} inputs, the model {len(inputs)}")
-        if model.is_dynamic():
-            model.reshape({port: ov.PartialShape(list(a.shape)) for port, a in zip(model.inputs, inputs, strict=True)})
-        compiled = core.compile_model(model, "CPU", compile_config(threads, precision))
+        compiled = _core().compile_model(openvino_model(data, inputs), "CPU", compile_config(threads, precision))
     except ModelFileError:
         raise
     except Exception as e:  # noqa: BLE001 - OpenVINO raises RuntimeError, OpConversionFailure, ...

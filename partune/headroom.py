@@ -89,13 +89,11 @@ def openvino_gemm_s(data: bytes, inputs: list[np.ndarray], threads: int, wall_s:
     """
     import openvino as ov
 
+    from partune.backends.model_file import openvino_model
     from partune.backends.openvino_backend import _core, compile_config
 
-    core = _core()
-    model = core.read_model(data)
-    if model.is_dynamic():
-        model.reshape({p: ov.PartialShape(list(a.shape)) for p, a in zip(model.inputs, inputs, strict=True)})
-    request = core.compile_model(model, "CPU", compile_config(threads) | {"PERF_COUNT": True}).create_infer_request()
+    config = compile_config(threads) | {"PERF_COUNT": True}
+    request = _core().compile_model(openvino_model(data, inputs), "CPU", config).create_infer_request()
     for i, a in enumerate(inputs):
         request.set_input_tensor(i, ov.Tensor(np.ascontiguousarray(a)))
     for _ in range(3):
