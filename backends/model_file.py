@@ -93,9 +93,9 @@ def openvino_model(data: bytes, inputs: list[np.ndarray]):
     """The file read by OpenVINO, its open dimensions set to ``inputs``' shapes (not compiled)."""
     import openvino as ov
 
-    from partune.backends.openvino_backend import _core
+    from partune.backends.openvino_backend import openvino_core
 
-    model = _core().read_model(data)
+    model = openvino_core().read_model(data)
     if len(model.inputs) != len(inputs):
         raise ModelFileError(f"the file takes {len(model.inputs)} inputs, the model {len(inputs)}")
     if model.is_dynamic():
@@ -104,10 +104,10 @@ def openvino_model(data: bytes, inputs: list[np.ndarray]):
 
 
 def _openvino(data: bytes, inputs: list[np.ndarray], threads: int, precision: str = "f32") -> ModelFileRun:
-    from partune.backends.openvino_backend import _core, compile_config
+    from partune.backends.openvino_backend import compile_config, openvino_core
 
     try:
-        compiled = _core().compile_model(openvino_model(data, inputs), "CPU", compile_config(threads, precision))
+        compiled = openvino_core().compile_model(openvino_model(data, inputs), "CPU", compile_config(threads, precision))
     except ModelFileError:
         raise
     except Exception as e:  # noqa: BLE001 - OpenVINO raises RuntimeError, OpConversionFailure, ...

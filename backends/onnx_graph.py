@@ -1,6 +1,6 @@
 """The ONNX graph under construction and the Relax type helpers the translation shares.
 
-``_Graph`` collects ONNX nodes, initializers and graph inputs while the per-op translators
+``OnnxGraph`` collects ONNX nodes, initializers and graph inputs while the per-op translators
 (``onnx_ops``) fill it, and records the type every Relax binding must have, which
 ``relax_to_onnx`` checks the finished model against. It lives apart from both so that the
 op families and the function-level translation share one builder without importing
@@ -21,9 +21,9 @@ from tvm import relax
 from partune.backends.base import BackendError
 
 Value = Any  # an ONNX tensor name (str), or a list of Values for a Relax tuple
-Translator = Callable[["_Graph", relax.Call, tvm.ir.Type], Value]
+Translator = Callable[["OnnxGraph", relax.Call, tvm.ir.Type], Value]
 
-_ONNX_DTYPES: dict[str, int] = {
+ONNX_DTYPES: dict[str, int] = {
     "float32": TensorProto.FLOAT,
     "float16": TensorProto.FLOAT16,
     "float64": TensorProto.DOUBLE,
@@ -37,24 +37,24 @@ _ONNX_DTYPES: dict[str, int] = {
     "uint64": TensorProto.UINT64,
     "bool": TensorProto.BOOL,
 }
-_FLOATS = frozenset({"float16", "float32", "float64"})
+FLOATS = frozenset({"float16", "float32", "float64"})
 
 
 # ---------------------------------------------------------------------------------------
 # Relax type helpers
 
 
-def _dtype(ty: tvm.ir.Type) -> str:
+def tensor_dtype(ty: tvm.ir.Type) -> str:
     """The element dtype of a tensor type, refusing what ONNX cannot hold."""
     if not isinstance(ty, relax.TensorType):
         raise BackendError(f"expected a tensor, got {ty}")
     dtype = str(ty.dtype)
-    if dtype not in _ONNX_DTYPES:
+    if dtype not in ONNX_DTYPES:
         raise BackendError(f"dtype {dtype} not supported")
     return dtype
 
 
-def _shape(ty: tvm.ir.Type) -> tuple[int, ...]:
+def tensor_shape(ty: tvm.ir.Type) -> tuple[int, ...]:
     """The static shape of a tensor type (every region the search builds is static)."""
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         raise BackendError(f"expected a tensor of known shape, got {ty}")
@@ -64,50 +64,50 @@ def _shape(ty: tvm.ir.Type) -> tuple[int, ...]:
     return tuple(int(d) for d in dims)
 
 
-def _ints(values: Any) -> list[int]:
+def int_list(values: Any) -> list[int]:
     return [int(v) for v in values]
 
 
-def _scalar(expr: Any) -> int | float:
+def scalar_value(expr: Any) -> int | float:
     """The Python value of a constant primitive argument (IntImm / FloatImm)."""
     if isinstance(expr, tvm.tirx.IntImm | tvm.tirx.FloatImm):
         return expr.value
     raise BackendError(f"expected a constant scalar, got {expr}")
 
 
-def _const_ints(expr: Any) -> list[int]:
+def const_ints(expr: Any) -> list[int]:
     """A tuple of constant integers (a relax.Tuple of IntImm, or a static ShapeExpr)."""
     items = expr.values if isinstance(expr, relax.ShapeExpr) else expr.fields
-    return [int(_scalar(v)) for v in items]
+    return [int(scalar_value(v)) for v in items]
 
 
-def _flat_types(ty: tvm.ir.Type) -> list[tvm.ir.Type]:
+def flat_types(ty: tvm.ir.Type) -> list[tvm.ir.Type]:
     if isinstance(ty, relax.TupleType):
-        return [t for f in ty.fields for t in _flat_types(f)]
+        return [t for f in ty.fields for t in flat_types(f)]
     return [ty]
 
 
-def _flatten(value: Value) -> list[str]:
+def flat_names(value: Value) -> list[str]:
     if isinstance(value, list):
-        return [n for v in value for n in _flatten(v)]
+        return [n for v in value for n in flat_names(v)]
     return [value]
 
 
-def _is_tensor_const(expr: Any) -> bool:
+def is_tensor_const(expr: Any) -> bool:
     return isinstance(expr, tvm.ir.GenericConst) and isinstance(expr.ty, relax.TensorType)
 
 
-def _norm_axis(axis: int, ndim: int) -> int:
+def norm_axis(axis: int, ndim: int) -> int:
     if not -ndim <= axis < max(ndim, 1):
         raise BackendError(f"axis {axis} out of range for rank {ndim}")
     return axis % ndim if ndim else 0
 
 
-def _arg_dtype(call: relax.Call, i: int) -> str:
-    return _dtype(call.args[i].ty)
+def arg_dtype(call: relax.Call, i: int) -> str:
+    return tensor_dtype(call.args[i].ty)
 
 
-def _op_name(call: relax.Call) -> str:
+def op_name(call: relax.Call) -> str:
     return call.op.name
 
 
@@ -115,7 +115,7 @@ def _op_name(call: relax.Call) -> str:
 # Graph builder
 
 
-class _Graph:
+class OnnxGraph:
     """An ONNX graph under construction: nodes, initializers and the Relax -> ONNX names."""
 
     def __init__(self, opset: int, placeholder_above: int | None = None) -> None:
@@ -149,7 +149,7 @@ class _Graph:
 
     def add_input(self, name: str, ty: tvm.ir.Type) -> str:
         name = self.fresh(name)
-        self.inputs.append(helper.make_tensor_value_info(name, _ONNX_DTYPES[_dtype(ty)], _shape(ty)))
+        self.inputs.append(helper.make_tensor_value_info(name, ONNX_DTYPES[tensor_dtype(ty)], tensor_shape(ty)))
         return name
 
     def array(self, arr: np.ndarray) -> str:
@@ -176,8 +176,8 @@ class _Graph:
         if expr in self._consts:  # Relax objects hash by handle: one initializer per constant
             return self._consts[expr]
         ty = expr.ty
-        dtype = _dtype(ty)
-        size = int(np.prod(_shape(ty)))
+        dtype = tensor_dtype(ty)
+        size = int(np.prod(tensor_shape(ty)))
         if self.placeholder_above is not None and size > self.placeholder_above:
             name = self.add_input("w", ty)
         else:
@@ -194,7 +194,7 @@ class _Graph:
             if expr not in self.env:
                 raise BackendError(f"free variable {expr.name}")
             return self.env[expr]
-        if _is_tensor_const(expr):
+        if is_tensor_const(expr):
             return self.const(expr)
         if isinstance(expr, relax.Tuple):
             return [self.value(f) for f in expr.fields]
@@ -212,19 +212,19 @@ class _Graph:
         return val
 
     def cast(self, name: str, src: str, dst: str) -> str:
-        return name if src == dst else self.node("Cast", [name], to=_ONNX_DTYPES[dst])
+        return name if src == dst else self.node("Cast", [name], to=ONNX_DTYPES[dst])
 
     def reshape(self, name: str, shape: Sequence[int]) -> str:
         return self.node("Reshape", [name, self.int64s(shape)])
 
     def bind(self, var: relax.Var, value: Value) -> None:
         """Record a binding and the type ONNX shape inference must agree with."""
-        names, types = _flatten(value), _flat_types(var.ty)
+        names, types = flat_names(value), flat_types(var.ty)
         if len(names) != len(types):
             raise BackendError(f"{var.name}: {len(names)} values for type {var.ty}")
         self.env[var] = value
         for name, ty in zip(names, types, strict=True):
-            self.expected.setdefault(name, (_dtype(ty), _shape(ty)))
+            self.expected.setdefault(name, (tensor_dtype(ty), tensor_shape(ty)))
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The base of the graph-level backends (onnxruntime, OpenVINO): a region as one ONNX graph.
 
 ``OnnxGraphBackend`` translates a region (``relax_to_onnx``) and leaves compiling and binding
-the graph to its subclass; ``probe_once`` and ``_binding_key`` decide an acceptance probe
+the graph to its subclass; ``probe_once`` and ``binding_key`` decide an acceptance probe
 once per op signature; ``save_specs`` and ``load_specs`` keep a cached kernel's I/O. It is
 shared by both backends and specific to neither, so it is in neither's module.
 """
@@ -43,7 +43,7 @@ def _arg_key(expr: Any) -> Any:
     return (type(expr).__name__, str(getattr(expr, "ty", None)))
 
 
-def _binding_key(binding: relax.Binding) -> tuple:
+def binding_key(binding: relax.Binding) -> tuple:
     value = binding.value
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
         head: Any = (value.op.name, str(value.attrs), tuple(_arg_key(a) for a in value.args))

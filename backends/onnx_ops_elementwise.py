@@ -12,16 +12,16 @@ from tvm import relax
 
 from partune.backends.base import BackendError
 from partune.backends.onnx_graph import (
-    _FLOATS,
-    _ONNX_DTYPES,
+    FLOATS,
+    ONNX_DTYPES,
+    OnnxGraph,
     Translator,
     Value,
-    _arg_dtype,
-    _dtype,
-    _Graph,
-    _op_name,
-    _scalar,
+    arg_dtype,
+    op_name,
     registrar,
+    scalar_value,
+    tensor_dtype,
 )
 
 TRANSLATORS: dict[str, Translator] = {}
@@ -74,68 +74,68 @@ _BITWISE: dict[str, str] = {
 
 
 @_register(*_UNARY)
-def _unary(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    return g.node(_UNARY[_op_name(call)], [g.tensor(call.args[0])])
+def _unary(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    return g.node(_UNARY[op_name(call)], [g.tensor(call.args[0])])
 
 
-def _binary_as(g: _Graph, call: relax.Call, op_type: str) -> str:
+def _binary_as(g: OnnxGraph, call: relax.Call, op_type: str) -> str:
     """ONNX broadcasts like NumPy, as Relax does; only the dtypes need checking."""
-    if _arg_dtype(call, 0) != _arg_dtype(call, 1):
+    if arg_dtype(call, 0) != arg_dtype(call, 1):
         raise BackendError("binary op on mixed dtypes")
     return g.node(op_type, [g.tensor(x) for x in call.args])
 
 
 @_register(*_BINARY)
-def _binary(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    return _binary_as(g, call, _BINARY[_op_name(call)])
+def _binary(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    return _binary_as(g, call, _BINARY[op_name(call)])
 
 
 @_register("relax.not_equal")
-def _not_equal(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _not_equal(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     """IEEE: NaN != NaN is true (TVM's LLVM lowering says false; torch and NumPy say true)."""
     return g.node("Not", [_binary_as(g, call, "Equal")])
 
 
-def _as_bool(g: _Graph, call: relax.Call, i: int) -> str:
+def _as_bool(g: OnnxGraph, call: relax.Call, i: int) -> str:
     """Logical ops take truth values: nonzero is true, as in TVM's lowering."""
-    return g.cast(g.tensor(call.args[i]), _arg_dtype(call, i), "bool")
+    return g.cast(g.tensor(call.args[i]), arg_dtype(call, i), "bool")
 
 
 @_register(*_LOGICAL)
-def _logical(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    return g.node(_LOGICAL[_op_name(call)], [_as_bool(g, call, 0), _as_bool(g, call, 1)])
+def _logical(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    return g.node(_LOGICAL[op_name(call)], [_as_bool(g, call, 0), _as_bool(g, call, 1)])
 
 
 @_register("relax.logical_not")
-def _logical_not(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _logical_not(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     return g.node("Not", [_as_bool(g, call, 0)])
 
 
 @_register(*_BITWISE)
-def _bitwise(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    dtypes = {_arg_dtype(call, 0), _arg_dtype(call, 1)}
+def _bitwise(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    dtypes = {arg_dtype(call, 0), arg_dtype(call, 1)}
     if dtypes == {"bool"}:  # bitwise on bool is logical (torch's `&` on masks)
-        return g.node(_BITWISE[_op_name(call)], [g.tensor(x) for x in call.args])
-    if g.opset < 18 or len(dtypes) != 1 or dtypes & _FLOATS:
+        return g.node(_BITWISE[op_name(call)], [g.tensor(x) for x in call.args])
+    if g.opset < 18 or len(dtypes) != 1 or dtypes & FLOATS:
         raise BackendError("integer bitwise ops need opset 18 and one integer dtype")
-    return g.node("Bitwise" + _BITWISE[_op_name(call)], [g.tensor(x) for x in call.args])
+    return g.node("Bitwise" + _BITWISE[op_name(call)], [g.tensor(x) for x in call.args])
 
 
 @_register("relax.rsqrt")
-def _rsqrt(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _rsqrt(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     return g.node("Reciprocal", [g.node("Sqrt", [g.tensor(call.args[0])])])
 
 
 @_register("relax.nn.silu")
-def _silu(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _silu(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     x = g.tensor(call.args[0])
     return g.node("Mul", [x, g.node("Sigmoid", [x])])
 
 
 @_register("relax.nn.gelu")
-def _gelu(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _gelu(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     """0.5 x (1 + erf(x / sqrt 2)), in the exact form ORT's GeluFusion matches."""
-    dtype = _dtype(ty)
+    dtype = tensor_dtype(ty)
     x = g.tensor(call.args[0])
     erf = g.node("Erf", [g.node("Div", [x, g.scalar(np.sqrt(2.0), dtype)])])
     one_plus = g.node("Add", [erf, g.scalar(1.0, dtype)])
@@ -143,9 +143,9 @@ def _gelu(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
 
 
 @_register("relax.nn.gelu_tanh")
-def _gelu_tanh(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _gelu_tanh(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the form ORT's FastGelu fusion matches."""
-    dtype = _dtype(ty)
+    dtype = tensor_dtype(ty)
     x = g.tensor(call.args[0])
     cube = g.node("Pow", [x, g.scalar(3.0, dtype)])
     inner = g.node("Add", [x, g.node("Mul", [cube, g.scalar(0.044715, dtype)])])
@@ -155,29 +155,29 @@ def _gelu_tanh(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
 
 
 @_register("relax.nn.leakyrelu")
-def _leakyrelu(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _leakyrelu(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     return g.node("LeakyRelu", [g.tensor(call.args[0])], alpha=float(call.attrs.alpha))
 
 
 @_register("relax.clip")
-def _clip(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    dtype = _dtype(ty)
-    lo, hi = _scalar(call.args[1]), _scalar(call.args[2])
+def _clip(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    dtype = tensor_dtype(ty)
+    lo, hi = scalar_value(call.args[1]), scalar_value(call.args[2])
     if lo > hi:  # TVM gives lo there, ORT gives hi
         raise BackendError("clip with min > max")
-    if dtype not in _FLOATS and not (np.isfinite(lo) and np.isfinite(hi)):
+    if dtype not in FLOATS and not (np.isfinite(lo) and np.isfinite(hi)):
         raise BackendError("integer clip with infinite bounds")
     x = g.tensor(call.args[0])
     return g.node("Clip", [x, g.scalar(lo, dtype), g.scalar(hi, dtype)])
 
 
 @_register("relax.astype")
-def _astype(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    return g.node("Cast", [g.tensor(call.args[0])], to=_ONNX_DTYPES[_dtype(ty)])
+def _astype(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    return g.node("Cast", [g.tensor(call.args[0])], to=ONNX_DTYPES[tensor_dtype(ty)])
 
 
 @_register("relax.where")
-def _where(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    if _arg_dtype(call, 1) != _arg_dtype(call, 2):
+def _where(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    if arg_dtype(call, 1) != arg_dtype(call, 2):
         raise BackendError("where on mixed dtypes")
     return g.node("Where", [_as_bool(g, call, 0), g.tensor(call.args[1]), g.tensor(call.args[2])])

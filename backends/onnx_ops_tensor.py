@@ -12,19 +12,19 @@ from tvm import relax
 
 from partune.backends.base import BackendError
 from partune.backends.onnx_graph import (
-    _FLOATS,
+    FLOATS,
+    OnnxGraph,
     Translator,
     Value,
-    _arg_dtype,
-    _const_ints,
-    _dtype,
-    _flat_types,
-    _Graph,
-    _norm_axis,
-    _op_name,
-    _scalar,
-    _shape,
+    arg_dtype,
+    const_ints,
+    flat_types,
+    norm_axis,
+    op_name,
     registrar,
+    scalar_value,
+    tensor_dtype,
+    tensor_shape,
 )
 
 TRANSLATORS: dict[str, Translator] = {}
@@ -41,14 +41,14 @@ _REDUCE: dict[str, str] = {
 
 
 @_register(*_REDUCE)
-def _reduce(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    op = _REDUCE[_op_name(call)]
-    dtype = _arg_dtype(call, 0)
-    if op == "ReduceMean" and dtype not in _FLOATS:
+def _reduce(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    op = _REDUCE[op_name(call)]
+    dtype = arg_dtype(call, 0)
+    if op == "ReduceMean" and dtype not in FLOATS:
         raise BackendError("integer mean rounds differently")
-    ndim = len(_shape(call.args[0].ty))
+    ndim = len(tensor_shape(call.args[0].ty))
     axes = list(range(ndim)) if call.attrs.axis is None else sorted(
-        _norm_axis(int(ax), ndim) for ax in call.attrs.axis)
+        norm_axis(int(ax), ndim) for ax in call.attrs.axis)
     keep = int(bool(call.attrs.keepdims))
     x = g.tensor(call.args[0])
     if not axes:
@@ -59,14 +59,14 @@ def _reduce(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
 
 
 @_register("relax.variance")
-def _variance(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _variance(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     """Population variance, as TVM computes it: mean((x - mean(x))^2) over the axes."""
-    dtype = _arg_dtype(call, 0)
-    if dtype not in _FLOATS:
+    dtype = arg_dtype(call, 0)
+    if dtype not in FLOATS:
         raise BackendError("integer variance rounds differently")
-    ndim = len(_shape(call.args[0].ty))
+    ndim = len(tensor_shape(call.args[0].ty))
     axes = list(range(ndim)) if call.attrs.axis is None else sorted(
-        _norm_axis(int(ax), ndim) for ax in call.attrs.axis)
+        norm_axis(int(ax), ndim) for ax in call.attrs.axis)
     if not axes:
         raise BackendError("variance over no axes")
     x = g.tensor(call.args[0])
@@ -82,34 +82,34 @@ def _variance(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
 
 
 @_register("relax.gather_elements")
-def _gather_elements(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    if _arg_dtype(call, 1) not in ("int32", "int64"):
+def _gather_elements(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    if arg_dtype(call, 1) not in ("int32", "int64"):
         raise BackendError("gather_elements needs integer indices")
-    axis = _norm_axis(int(call.attrs.axis), len(_shape(call.args[0].ty)))
+    axis = norm_axis(int(call.attrs.axis), len(tensor_shape(call.args[0].ty)))
     return g.node("GatherElements", [g.tensor(call.args[0]), g.tensor(call.args[1])], axis=axis)
 
 
 @_register("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten")
-def _reshape(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _reshape(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     """All shapes are static: every view-like op is a Reshape to the output type."""
-    return g.reshape(g.tensor(call.args[0]), _shape(ty))
+    return g.reshape(g.tensor(call.args[0]), tensor_shape(ty))
 
 
 @_register("relax.broadcast_to")
-def _broadcast_to(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    return g.node("Expand", [g.tensor(call.args[0]), g.int64s(_shape(ty))])
+def _broadcast_to(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    return g.node("Expand", [g.tensor(call.args[0]), g.int64s(tensor_shape(ty))])
 
 
 @_register("relax.permute_dims")
-def _permute_dims(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    ndim = len(_shape(call.args[0].ty))
+def _permute_dims(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    ndim = len(tensor_shape(call.args[0].ty))
     axes = call.attrs.axes
-    perm = list(reversed(range(ndim))) if axes is None else [_norm_axis(int(x), ndim) for x in axes]
+    perm = list(reversed(range(ndim))) if axes is None else [norm_axis(int(x), ndim) for x in axes]
     return g.node("Transpose", [g.tensor(call.args[0])], perm=perm)
 
 
 @_register("relax.concat")
-def _concat(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _concat(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     parts = g.value(call.args[0])
     if not isinstance(parts, list) or not parts or any(isinstance(p, list) for p in parts):
         raise BackendError("concat needs a flat tuple of tensors")
@@ -119,11 +119,11 @@ def _concat(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
 
 
 @_register("relax.split")
-def _split(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _split(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     """Split sizes come from the output tuple type, so they agree with TVM by construction."""
-    ndim = len(_shape(call.args[0].ty))
-    axis = _norm_axis(int(call.attrs.axis), ndim)
-    sizes = [_shape(f)[axis] for f in ty.fields]
+    ndim = len(tensor_shape(call.args[0].ty))
+    axis = norm_axis(int(call.attrs.axis), ndim)
+    sizes = [tensor_shape(f)[axis] for f in ty.fields]
     x = g.tensor(call.args[0])
     if len(sizes) == 1:
         return [g.node("Identity", [x])]
@@ -131,22 +131,22 @@ def _split(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
 
 
 @_register("relax.strided_slice")
-def _strided_slice(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _strided_slice(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     """ONNX Slice clamps out-of-range bounds like Python slicing, as TVM does."""
     x = g.tensor(call.args[0])
-    axes, begin, end = (_const_ints(arg) for arg in call.args[1:4])
-    strides = _const_ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
+    axes, begin, end = (const_ints(arg) for arg in call.args[1:4])
+    strides = const_ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
     if 0 in strides:
         raise BackendError("zero stride")
     return g.node("Slice", [x, g.int64s(begin), g.int64s(end), g.int64s(axes), g.int64s(strides)])
 
 
 @_register("relax.take")
-def _take(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _take(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     x, idx = g.tensor(call.args[0]), g.tensor(call.args[1])
-    shape = _shape(call.args[0].ty)
-    axis = 0 if call.attrs.axis is None else _norm_axis(int(call.attrs.axis), len(shape))
-    idx_dtype, mode = _arg_dtype(call, 1), str(call.attrs.mode)
+    shape = tensor_shape(call.args[0].ty)
+    axis = 0 if call.attrs.axis is None else norm_axis(int(call.attrs.axis), len(shape))
+    idx_dtype, mode = arg_dtype(call, 1), str(call.attrs.mode)
     if idx_dtype not in ("int32", "int64"):
         raise BackendError(f"take with {idx_dtype} indices")
     if mode == "clip":
@@ -159,20 +159,20 @@ def _take(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
 
 
 @_register("relax.index_tensor")
-def _index_tensor(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _index_tensor(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     """x[i0, i1, ...] with broadcast index tensors: stack the indices, then GatherND."""
     x = g.tensor(call.args[0])
     names = g.value(call.args[1])
-    types = _flat_types(call.args[1].ty)
+    types = flat_types(call.args[1].ty)
     if not isinstance(names, list) or not names or any(isinstance(n, list) for n in names):
         raise BackendError("index_tensor needs a flat tuple of index tensors")
-    if any(_dtype(t) not in ("int32", "int64") for t in types):
+    if any(tensor_dtype(t) not in ("int32", "int64") for t in types):
         raise BackendError("index_tensor needs integer indices")
-    batch = np.broadcast_shapes(*(_shape(t) for t in types))
+    batch = np.broadcast_shapes(*(tensor_shape(t) for t in types))
     stacked = []
     for name, t in zip(names, types, strict=True):
-        idx = g.cast(name, _dtype(t), "int64")
-        if _shape(t) != batch:
+        idx = g.cast(name, tensor_dtype(t), "int64")
+        if tensor_shape(t) != batch:
             idx = g.node("Expand", [idx, g.int64s(batch)])
         stacked.append(g.reshape(idx, [*batch, 1]))
     index = stacked[0] if len(stacked) == 1 else g.node("Concat", stacked, axis=-1)
@@ -183,10 +183,10 @@ _CUMSUM_DTYPES = frozenset({"float32", "float64", "int32", "int64"})
 
 
 @_register("relax.cumsum")
-def _cumsum(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _cumsum(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     """ORT's CumSum has no bool/int8 kernels: accumulate in int64 (or float32), cast back."""
-    src, out = _arg_dtype(call, 0), _dtype(ty)
-    work = out if out in _CUMSUM_DTYPES else ("float32" if out in _FLOATS else "int64")
+    src, out = arg_dtype(call, 0), tensor_dtype(ty)
+    work = out if out in _CUMSUM_DTYPES else ("float32" if out in FLOATS else "int64")
     x = g.cast(g.tensor(call.args[0]), src, work)
     axis = call.attrs.axis
     if axis is None:
@@ -197,31 +197,31 @@ def _cumsum(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
 
 
 @_register("relax.arange")
-def _arange(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+def _arange(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     """Static: a constant, computed as TVM does (start + i * step, then cast)."""
-    start, _, step = (_scalar(a) for a in call.args)
-    (n,) = _shape(ty)
+    start, _, step = (scalar_value(a) for a in call.args)
+    (n,) = tensor_shape(ty)
     work = np.int64 if isinstance(start, int) and isinstance(step, int) else np.float64
-    arr = (work(start) + np.arange(n, dtype=work) * work(step)).astype(_dtype(ty))
+    arr = (work(start) + np.arange(n, dtype=work) * work(step)).astype(tensor_dtype(ty))
     return g.node("Identity", [g.array(arr)])
 
 
-def _fill(g: _Graph, fill: str, fill_dtype: str, ty: tvm.ir.Type) -> str:
+def _fill(g: OnnxGraph, fill: str, fill_dtype: str, ty: tvm.ir.Type) -> str:
     """A static-shape constant tensor: a scalar Expanded to the output shape."""
-    return g.node("Expand", [g.cast(fill, fill_dtype, _dtype(ty)), g.int64s(_shape(ty))])
+    return g.node("Expand", [g.cast(fill, fill_dtype, tensor_dtype(ty)), g.int64s(tensor_shape(ty))])
 
 
 @_register("relax.full")
-def _full(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    return _fill(g, g.tensor(call.args[1]), _arg_dtype(call, 1), ty)
+def _full(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    return _fill(g, g.tensor(call.args[1]), arg_dtype(call, 1), ty)
 
 
 @_register("relax.full_like")
-def _full_like(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    return _fill(g, g.tensor(call.args[1]), _arg_dtype(call, 1), ty)
+def _full_like(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    return _fill(g, g.tensor(call.args[1]), arg_dtype(call, 1), ty)
 
 
 @_register("relax.zeros", "relax.zeros_like", "relax.ones", "relax.ones_like")
-def _zeros_ones(g: _Graph, call: relax.Call, ty: tvm.ir.Type) -> Value:
-    value = 1 if "ones" in _op_name(call) else 0
-    return _fill(g, g.scalar(value, _dtype(ty)), _dtype(ty), ty)
+def _zeros_ones(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    value = 1 if "ones" in op_name(call) else 0
+    return _fill(g, g.scalar(value, tensor_dtype(ty)), tensor_dtype(ty), ty)

@@ -30,15 +30,15 @@ from tvm import relax
 from partune.backends import build_cache
 from partune.backends.base import BackendError
 from partune.backends.kernel import BoundKernel, Spec
-from partune.backends.onnx_graph import Value, _Graph
+from partune.backends.onnx_graph import OnnxGraph, Value
 from partune.backends.onnx_graph_backend import (
     OnnxGraphBackend,
-    _binding_key,
+    binding_key,
     load_specs,
     probe_once,
     save_specs,
 )
-from partune.backends.relax_to_onnx import MIN_OPSET, _build, _translate_value
+from partune.backends.relax_to_onnx import MIN_OPSET, build_onnx, translate_value
 
 # ---------------------------------------------------------------------------------------
 # accepts(): translate one binding, create a session for it, cache per signature
@@ -48,7 +48,7 @@ _ACCEPT_CACHE: dict[tuple, bool] = {}
 _ACCEPT_LOCK = threading.Lock()
 
 
-def _placeholder(g: _Graph, ty: tvm.ir.Type) -> Value:
+def _placeholder(g: OnnxGraph, ty: tvm.ir.Type) -> Value:
     if isinstance(ty, relax.TupleType):
         return [_placeholder(g, f) for f in ty.fields]
     return g.add_input("x", ty)
@@ -60,13 +60,13 @@ def _probe(binding: relax.Binding, opset: int) -> None:
 
     if not isinstance(binding, relax.VarBinding):
         raise BackendError("not a VarBinding")
-    g = _Graph(opset, placeholder_above=64)
+    g = OnnxGraph(opset, placeholder_above=64)
     for var in relax.analysis.free_vars(binding.value):
         g.env[var] = _placeholder(g, var.ty)
     g.hint = "y"
-    result = _translate_value(g, binding.value, binding.var.ty)
+    result = translate_value(g, binding.value, binding.var.ty)
     g.bind(binding.var, result)
-    model = _build(g, result, binding.var.ty)
+    model = build_onnx(g, result, binding.var.ty)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 4
@@ -77,7 +77,7 @@ def _probe(binding: relax.Binding, opset: int) -> None:
 def binding_accepted(binding: relax.Binding, opset: int = MIN_OPSET) -> bool:
     """Whether one binding translates and ORT has kernels for it (cached per signature)."""
     try:
-        key = (opset, _binding_key(binding))
+        key = (opset, binding_key(binding))
     except Exception:  # an unprintable binding is simply refused
         return False
     return probe_once(_ACCEPT_CACHE, _ACCEPT_LOCK, key, lambda: _probe(binding, opset))

@@ -41,7 +41,7 @@ from partune.backends.base import BackendError
 from partune.backends.kernel import BoundKernel, Spec
 from partune.backends.onnx_graph_backend import (
     OnnxGraphBackend,
-    _binding_key,
+    binding_key,
     load_specs,
     probe_once,
     save_specs,
@@ -134,7 +134,7 @@ _core_lock = threading.Lock()
 _core_box: dict[str, Any] = {}
 
 
-def _core() -> Any:
+def openvino_core() -> Any:
     """The process's ``openvino.Core`` (reading plugins is slow; a Core is thread-safe)."""
     with _core_lock:
         if "core" not in _core_box:
@@ -168,7 +168,7 @@ def compile_config(threads: int, precision: str = "f32") -> dict[Any, Any]:
 
 def compile_onnx(model: onnx.ModelProto, threads: int, precision: str = "f32") -> Any:
     """Read the ONNX model and compile it for the CPU plugin; BackendError if it cannot."""
-    core = _core()
+    core = openvino_core()
     try:
         ov_model = core.read_model(model.SerializeToString())
         return core.compile_model(ov_model, "CPU", compile_config(threads, precision))
@@ -238,7 +238,7 @@ def ov_accepts(binding: relax.Binding, opset: int = MIN_OPSET) -> bool:
     try:
         if _dtype_refusal(binding) is not None:
             return False
-        key = (opset, _binding_key(binding))
+        key = (opset, binding_key(binding))
     except Exception:  # an unprintable or malformed binding is simply refused
         return False
     if not binding_accepted(binding, opset):
@@ -393,7 +393,7 @@ class OpenVinoBackend(OnnxGraphBackend):
         """Import a blob ``kernel`` exported (OpenVINO checks it was made by this version)."""
         with open(os.path.join(directory, _OV_BLOB), "rb") as f:
             blob = f.read()
-        compiled = _core().import_model(blob, "CPU", compile_config(threads, precision))
+        compiled = openvino_core().import_model(blob, "CPU", compile_config(threads, precision))
         return OvRegionKernel(compiled, *load_specs(directory))
 
     def library_version(self) -> str:
@@ -406,4 +406,4 @@ class OpenVinoBackend(OnnxGraphBackend):
         import openvino.properties as props
 
         self.threads = max(1, int(threads))
-        _core().set_property("CPU", {props.inference_num_threads(): self.threads})
+        openvino_core().set_property("CPU", {props.inference_num_threads(): self.threads})

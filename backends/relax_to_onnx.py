@@ -25,14 +25,14 @@ from tvm import relax
 
 from partune.backends.base import BackendError
 from partune.backends.onnx_graph import (
-    _ONNX_DTYPES,
+    ONNX_DTYPES,
+    OnnxGraph,
     Value,
-    _dtype,
-    _flat_types,
-    _flatten,
-    _Graph,
-    _is_tensor_const,
-    _shape,
+    flat_names,
+    flat_types,
+    is_tensor_const,
+    tensor_dtype,
+    tensor_shape,
 )
 from partune.backends.onnx_idioms import fuse_idioms
 from partune.backends.onnx_ops import TRANSLATORS
@@ -41,10 +41,10 @@ MIN_OPSET = 17  # LayerNormalization
 # Called after each binding of the translated function's own body: (binding index, binding,
 # the graph, the index of the first ONNX node it made). ``partune.partition_onnx`` uses it to
 # label every ONNX node with the binding, and so the plan region, it came from.
-BindingHook = Callable[[int, relax.VarBinding, _Graph, int], None]
+BindingHook = Callable[[int, relax.VarBinding, OnnxGraph, int], None]
 
 
-def _translate_value(g: _Graph, value: Any, ty: tvm.ir.Type) -> Value:
+def translate_value(g: OnnxGraph, value: Any, ty: tvm.ir.Type) -> Value:
     """The ONNX value of one binding's right-hand side."""
     if isinstance(value, relax.Call):
         if isinstance(value.op, relax.Function):
@@ -56,18 +56,18 @@ def _translate_value(g: _Graph, value: Any, ty: tvm.ir.Type) -> Value:
         fn = TRANSLATORS.get(value.op.name)
         if fn is None:
             raise BackendError(f"op {value.op.name} not supported")
-        for t in _flat_types(ty):
-            _dtype(t)
+        for t in flat_types(ty):
+            tensor_dtype(t)
         try:
             return fn(g, value, ty)
         except (AttributeError, TypeError, ValueError, IndexError, KeyError) as e:
             raise BackendError(f"{value.op.name}: cannot translate ({e})") from e
-    if isinstance(value, relax.Var | relax.Tuple | relax.TupleGetItem) or _is_tensor_const(value):
+    if isinstance(value, relax.Var | relax.Tuple | relax.TupleGetItem) or is_tensor_const(value):
         return g.value(value)
     raise BackendError(f"binding of {type(value).__name__} not supported")
 
 
-def _translate_body(g: _Graph, body: Any, on_binding: BindingHook | None = None) -> Value:
+def _translate_body(g: OnnxGraph, body: Any, on_binding: BindingHook | None = None) -> Value:
     if not isinstance(body, relax.SeqExpr):
         return g.value(body)
     index = -1  # the binding's position in the body (``DataflowGraph`` node index for main)
@@ -81,26 +81,26 @@ def _translate_body(g: _Graph, body: Any, on_binding: BindingHook | None = None)
                 continue
             g.hint = binding.var.name
             start = len(g.nodes)
-            g.bind(binding.var, _translate_value(g, binding.value, binding.var.ty))
+            g.bind(binding.var, translate_value(g, binding.value, binding.var.ty))
             if on_binding is not None:
                 on_binding(index, binding, g, start)
     return g.value(body.body)
 
 
-def _inline(g: _Graph, func: relax.Function, args: list[Value]) -> Value:
+def _inline(g: OnnxGraph, func: relax.Function, args: list[Value]) -> Value:
     """Inline a local (e.g. composite) function: bind its params to the argument values."""
     for param, arg in zip(func.params, args, strict=True):
         g.env[param] = arg
     return _translate_body(g, func.body)
 
 
-def _make_model(g: _Graph, outputs: list[str], out_types: list[tvm.ir.Type]) -> onnx.ModelProto:
+def _make_model(g: OnnxGraph, outputs: list[str], out_types: list[tvm.ir.Type]) -> onnx.ModelProto:
     """Close the graph: an Identity per output gives distinct names even for aliases."""
     out_infos = []
     for i, (name, ty) in enumerate(zip(outputs, out_types, strict=True)):
         out_name = g.fresh(f"out{i}")
         g.nodes.append(helper.make_node("Identity", [name], [out_name]))
-        out_infos.append(helper.make_tensor_value_info(out_name, _ONNX_DTYPES[_dtype(ty)], _shape(ty)))
+        out_infos.append(helper.make_tensor_value_info(out_name, ONNX_DTYPES[tensor_dtype(ty)], tensor_shape(ty)))
     graph = helper.make_graph(g.nodes, "partune_region", g.inputs, out_infos, g.initializers)
     opset = helper.make_opsetid("", g.opset)
     model = helper.make_model(graph, opset_imports=[opset], producer_name="partune")
@@ -142,7 +142,7 @@ def _check_types(model: onnx.ModelProto, expected: dict[str, tuple[str, tuple[in
         if want is None or not info.type.HasField("tensor_type"):
             continue
         tt = info.type.tensor_type
-        if tt.elem_type != _ONNX_DTYPES[want[0]]:
+        if tt.elem_type != ONNX_DTYPES[want[0]]:
             raise BackendError(f"{info.name}: ONNX dtype {tt.elem_type}, Relax says {want[0]}")
         if tt.HasField("shape"):
             dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
@@ -150,8 +150,8 @@ def _check_types(model: onnx.ModelProto, expected: dict[str, tuple[str, tuple[in
                 raise BackendError(f"{info.name}: ONNX shape {dims}, Relax says {list(want[1])}")
 
 
-def _build(g: _Graph, result: Value, ret_ty: tvm.ir.Type, fuse: bool = True) -> onnx.ModelProto:
-    outputs, out_types = _flatten(result), _flat_types(ret_ty)
+def build_onnx(g: OnnxGraph, result: Value, ret_ty: tvm.ir.Type, fuse: bool = True) -> onnx.ModelProto:
+    outputs, out_types = flat_names(result), flat_types(ret_ty)
     if len(outputs) != len(out_types):
         raise BackendError("result does not match the return type")
     shapes = {name: shape for name, (_, shape) in g.expected.items()}
@@ -176,9 +176,9 @@ def relax_to_onnx(func: relax.Function, opset: int = MIN_OPSET,
     """
     if opset < MIN_OPSET:
         raise BackendError(f"opset {opset} < {MIN_OPSET}")
-    g = _Graph(opset)
+    g = OnnxGraph(opset)
     for param in func.params:
         g.env[param] = g.add_input(param.name, param.ty)
     result = _translate_body(g, func.body, on_binding)
     ret_ty = func.body.body.ty if isinstance(func.body, relax.SeqExpr) else func.ret_ty
-    return _build(g, result, ret_ty, fuse=on_binding is None)
+    return build_onnx(g, result, ret_ty, fuse=on_binding is None)

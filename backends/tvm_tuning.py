@@ -57,12 +57,12 @@ from tvm.s_tir.meta_schedule.utils import fork_seed
 from partune.backends.tvm_backend import lower_fused, region_module
 from partune.backends.tvm_tuning_database import (
     TuningError,
-    _locked,
-    _read_state,
-    _repair,
-    _write_state,
     database_path,
+    locked,
+    read_state,
+    repair,
     target_json,
+    write_state,
 )
 
 TRIALS_PER_ITER = 8
@@ -292,7 +292,7 @@ def tune_region(func: relax.Function, target: tvm.target.Target, database_dir: s
         path = database_path(database_dir, target)
         os.makedirs(path, exist_ok=True)
         tasks = extract_tasks(func, target)
-        with _locked(path, deadline):
+        with locked(path, deadline):
             return _tune_locked(tasks, target, path, max_trials, start, deadline,
                                 trials_per_iter, builder_workers, search_threads, seed)
     except TuningError:
@@ -304,9 +304,9 @@ def tune_region(func: relax.Function, target: tvm.target.Target, database_dir: s
 def _tune_locked(tasks: list[ms.ExtractedTask], target: tvm.target.Target, path: str,
                  max_trials: int, start: float, deadline: float | None, trials_per_iter: int,
                  builder_workers: int, search_threads: int, seed: int | None) -> TuningReport:
-    _repair(path)
+    repair(path)
     db = ms.database.JSONDatabase(work_dir=path)
-    state = _read_state(path)
+    state = read_state(path)
     mods = [t.dispatched[0] for t in tasks]
     flops = [_flops(m) for m in mods]
     shares = budget_shares([float(t.weight) * f for t, f in zip(tasks, flops, strict=True)],
@@ -340,7 +340,7 @@ def _tune_locked(tasks: list[ms.ExtractedTask], target: tvm.target.Target, path:
                     timed_out, status = True, "partial"
                 else:  # finished: the share is spent even if the search space ran out first
                     state[key] = max(state.get(key, 0), share)
-                    _write_state(path, state)
+                    write_state(path, state)
                     status = "tuned"
             records = _records(db, workload) if workload is not None else []
             reports.append(TaskReport(str(task.task_name), key, flop, share, before, trials,

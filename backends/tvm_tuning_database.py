@@ -74,7 +74,7 @@ def _complete_lines(data: bytes) -> bytes:
     return data[:data.rfind(b"\n") + 1]
 
 
-def _repair(path: str) -> None:
+def repair(path: str) -> None:
     """Cut a partial last line (a kill mid-write) off the database files, in place.
 
     Only under the exclusive lock: nobody else is appending then. Whole lines are always
@@ -125,7 +125,7 @@ def open_snapshot(path: str) -> ms.database.Database | None:
 
 
 @contextlib.contextmanager
-def _locked(path: str, deadline: float | None) -> Iterator[None]:
+def locked(path: str, deadline: float | None) -> Iterator[None]:
     """Hold the exclusive tuning lock of a database directory (wait until ``deadline``)."""
     with open(os.path.join(path, LOCK_FILE), "a") as f:
         while True:
@@ -142,7 +142,7 @@ def _locked(path: str, deadline: float | None) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _read_state(path: str) -> dict[str, int]:
+def read_state(path: str) -> dict[str, int]:
     """Per workload hash, the share a finished run gave it."""
     try:
         with open(os.path.join(path, STATE_FILE)) as f:
@@ -151,7 +151,7 @@ def _read_state(path: str) -> dict[str, int]:
         return {}
 
 
-def _write_state(path: str, state: dict[str, int]) -> None:
+def write_state(path: str, state: dict[str, int]) -> None:
     tmp = os.path.join(path, STATE_FILE + ".tmp")
     with open(tmp, "w") as f:
         json.dump(state, f, indent=0, sort_keys=True)

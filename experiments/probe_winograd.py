@@ -60,7 +60,7 @@ def winograd(w: np.ndarray, size: int):
 def main() -> None:
     import openvino as ov
 
-    from partune.backends.openvino_backend import _core, compile_config
+    from partune.backends.openvino_backend import compile_config, openvino_core
     from partune.runners.timing import time_interleaved
 
     rng = np.random.default_rng(0)
@@ -74,7 +74,7 @@ def main() -> None:
         x = rng.standard_normal((1, c, size, size)).astype(np.float32)
         requests = {}
         for label, model in (("direct", direct(w, size)), ("winograd", winograd(w, size))):
-            request = _core().compile_model(model, "CPU", compile_config(1)).create_infer_request()
+            request = openvino_core().compile_model(model, "CPU", compile_config(1)).create_infer_request()
             request.set_input_tensor(ov.Tensor(x))
             requests[label] = request
         timed = time_interleaved({label: r.infer for label, r in requests.items()}, rounds=7)

@@ -30,7 +30,7 @@ from partune.core.graph import DataflowGraph
 from partune.core.plan import Plan
 
 if TYPE_CHECKING:
-    from partune.backends.onnx_graph import _Graph
+    from partune.backends.onnx_graph import OnnxGraph
 
 FILE = "partition.onnx"
 PREFIX = "partune."
@@ -82,7 +82,7 @@ class _Labeller:
                       for k, r in enumerate(plan.regions)]
         self.prefixes = [region_prefix(k, r.backend, len(plan.regions)) for k, r in enumerate(plan.regions)]
 
-    def __call__(self, index: int, binding: relax.VarBinding, g: _Graph, start: int) -> None:
+    def __call__(self, index: int, binding: relax.VarBinding, g: OnnxGraph, start: int) -> None:
         if len(g.nodes) == start:  # nothing of its own (a tuple, an alias): an Identity shows it
             names = iter([g.node("Identity", [name]) for name in _names(g.env[binding.var])])
             g.bind(binding.var, _restructure(g.env[binding.var], names))
