@@ -9,11 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from partune.core.graph import DataflowGraph
-    from partune.core.plan import Plan
     from partune.core.scopes import SEScope
 
 KEY_DIGITS = 24  # region, plan and verdict keys
@@ -21,12 +19,31 @@ GRAPH_DIGITS = 16  # a model's graph fingerprint
 FINGERPRINT_DIGITS = 12  # a device fingerprint
 
 
+class KeyedGraph(Protocol):
+    """What the keys read of a ``DataflowGraph`` (typed so, the graph, which digests its own
+    fingerprint here, and this module do not import each other)."""
+
+    nodes: Sequence[Any]
+    outputs: Sequence[int]
+    consumers: Sequence[Sequence[int]]
+    region_key_memo: dict[tuple[int, ...], str]
+    key_parts: tuple[tuple[str, ...], tuple[str, ...]]
+
+
+class KeyedPlan(Protocol):
+    """What ``plan_key`` reads of a ``Plan``."""
+
+    fingerprint: str
+    regions: Sequence[Any]
+    model_file: Any
+
+
 def digest(doc: Any, digits: int, *, sort_keys: bool = False) -> str:
     """The first ``digits`` hex digits of the SHA-256 of ``doc`` as JSON (other values as str)."""
     return hashlib.sha256(json.dumps(doc, sort_keys=sort_keys, default=str).encode()).hexdigest()[:digits]
 
 
-def region_key(graph: DataflowGraph, nodes: tuple[int, ...]) -> str:
+def region_key(graph: KeyedGraph, nodes: tuple[int, ...]) -> str:
     """Structural key of a region: ops, attributes, shapes, dtypes and internal edges.
 
     Weights' values and node numbers do not enter it, so the same layer repeated in a
@@ -55,7 +72,7 @@ def region_key(graph: DataflowGraph, nodes: tuple[int, ...]) -> str:
     return key
 
 
-def node_key_parts(graph: DataflowGraph) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def node_key_parts(graph: KeyedGraph) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Per node, the JSON text ``region_key`` digests: the entry's opening up to its ``args``
     (``[op, attrs, shapes, dtypes, args``), and the node as an input from outside the region."""
     head = tuple(json.dumps([n.op, n.attrs, n.shapes, n.dtypes, n.args], default=str)[:-1]
@@ -64,12 +81,12 @@ def node_key_parts(graph: DataflowGraph) -> tuple[tuple[str, ...], tuple[str, ..
     return head, outside
 
 
-def candidate_key(graph: DataflowGraph, nodes: tuple[int, ...], scope: SEScope) -> str:
+def candidate_key(graph: KeyedGraph, nodes: tuple[int, ...], scope: SEScope) -> str:
     """A region under a scope: the key of its isolated measurement."""
     return "region:" + region_key(graph, nodes) + ":" + json.dumps(scope.to_json(), sort_keys=True)
 
 
-def plan_key(plan: Plan) -> str:
+def plan_key(plan: KeyedPlan) -> str:
     """A whole plan: the key of its end-to-end measurement."""
     doc = [plan.fingerprint, sorted((list(r.nodes), r.scope.to_json()) for r in plan.regions)]
     if plan.model_file is not None:  # (partitioned plans keep the keys they always had)

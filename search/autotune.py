@@ -20,10 +20,10 @@ from partune.search.dp import NoCoverError, cheapest_cover
 from partune.search.tuning import TuningChoice, anchor_kind, tuning_order
 
 if TYPE_CHECKING:
-    from partune.search.session import SearchSession
+    from partune.search.session_view import SessionView
 
 
-def autotune(s: SearchSession, budget: float) -> None:
+def autotune(s: SessionView, budget: float) -> None:
     """Tune for at most ``budget`` seconds (and never past the deadline); a long time budget
     also tries regions that only an unusually good tuning would make win (``Budget.optimism``)."""
     optimism = s.options.budget.optimism if s.options.budget is not None else 1.0
@@ -66,7 +66,7 @@ def autotune(s: SearchSession, budget: float) -> None:
     s.result.tuning.seconds = budget - max(stop - time.monotonic(), 0.0)
 
 
-def achieved_before(s: SearchSession, tunable: list[Candidate], others: list[Candidate],
+def achieved_before(s: SessionView, tunable: list[Candidate], others: list[Candidate],
                     structure: dict[Candidate, str]) -> dict[str, tuple[str, float]]:
     """What tuning achieved in earlier runs on this store: per tuned structure, its op kind
     and untuned / tuned. The priors start from it, so that a longer budget does not spend its
@@ -81,7 +81,7 @@ def achieved_before(s: SearchSession, tunable: list[Candidate], others: list[Can
     return out
 
 
-def _wanted(s: SearchSession, order: list[TuningChoice], structure: dict[Candidate, str]) -> list[TuningChoice]:
+def _wanted(s: SessionView, order: list[TuningChoice], structure: dict[Candidate, str]) -> list[TuningChoice]:
     """The choices the DP would use if they tuned as estimated, most gain first: a region
     tuned is worth it only if the plan can take it. Tuned regions count at their
     measured cost; the others at their estimate."""
@@ -104,12 +104,12 @@ def _wanted(s: SearchSession, order: list[TuningChoice], structure: dict[Candida
     return [t for t in order if t.structure in used]
 
 
-def tuned_key(s: SearchSession, c: Candidate) -> str:
+def tuned_key(s: SessionView, c: Candidate) -> str:
     """The key of ``c``'s region tuned with ``--tune-trials`` trials (``tune_one``)."""
     return f"{s.keys[c]}:tuned{s.options.tune_trials}"
 
 
-def tune_one(s: SearchSession, c: Candidate, left_s: float) -> str:
+def tune_one(s: SessionView, c: Candidate, left_s: float) -> str:
     """Tune ``c``'s region where it will be measured; the key its tuned measurement goes under.
 
     The key names the budget, so a larger ``--tune-trials`` later tunes further and

@@ -19,7 +19,7 @@ from partune.runners.timing import Measurement
 
 if TYPE_CHECKING:
     from partune.core.plan import Plan, Region
-    from partune.search.session import SearchSession
+    from partune.search.session_view import SessionView
 
 MAX_REPAIRS = 4  # plans measured while handing bf16 regions back, before all go back at once
 
@@ -41,18 +41,18 @@ def overran(m: Measurement) -> bool:
     return not m.ok and m.rel_error is not None
 
 
-def _in_f32(s: SearchSession, region: Region) -> Region:
+def _in_f32(s: SessionView, region: Region) -> Region:
     f32 = replace(region, scope=replace(region.scope, precision=None))
     return replace(f32, cost_s=s.stored_cost(f32))
 
 
-def gain_s(s: SearchSession, region: Region) -> float:
+def gain_s(s: SessionView, region: Region) -> float:
     """What a bf16 region saves over the same region in f32 (0 when either was not measured)."""
     bf16, f32 = s.stored_cost(region), s.stored_cost(_in_f32(s, region))
     return f32 - bf16 if bf16 is not None and f32 is not None else 0.0
 
 
-def repair(s: SearchSession, plan: Plan, label: str) -> str | None:
+def repair(s: SessionView, plan: Plan, label: str) -> str | None:
     """Variants of an over-budget ``plan`` with bf16 regions handed back to f32, the least
     gainful first, each measured; the label of the first within budget (None if none)."""
     order = sorted((i for i, r in enumerate(plan.regions) if r.scope.compute_precision == "bf16"),

@@ -28,6 +28,7 @@ from partune.backends import registry
 from partune.core.describe import region_label, scope_name, variant_label
 from partune.core.errors import PartuneError, clean_error, last_line
 from partune.core.keys import candidate_key, plan_key
+from partune.core.memory import trim
 from partune.core.plan import Plan, Region
 from partune.core.scopes import CompilationConfig, SEScope
 from partune.cost_models.borders import BorderModel, Equation, fit, region_features
@@ -35,7 +36,6 @@ from partune.runners import module_file
 from partune.runners.accuracy import has_bf16
 from partune.runners.build_pool import Lookahead
 from partune.runners.builder import plan_request, region_request
-from partune.runners.memory import trim
 from partune.runners.runner import Runner
 from partune.runners.timing import Measurement
 from partune.search.budget import PATIENCE, TRIALS_CAP

@@ -32,7 +32,7 @@ from partune.search.result import Verdict
 from partune.store.measurements import FIRST_POLL_S, POLL_S
 
 if TYPE_CHECKING:
-    from partune.search.session import SearchSession
+    from partune.search.session_view import SessionView
     from partune.store.measurements import MeasurementStore
 
 FINALISTS = 3
@@ -49,7 +49,7 @@ PEER_PER_WEIGHT, MODEL_PER_WEIGHT, PLAN_PER_WEIGHT = 3.5, 3.0, 2.5
 MEMORY_SHARE = 0.7  # of the memory free when the verdict starts, what its contenders may take
 
 
-def fit_in_memory(s: SearchSession, finalists: dict[str, Plan]) -> dict[str, Plan]:
+def fit_in_memory(s: SessionView, finalists: dict[str, Plan]) -> dict[str, Plan]:
     """The finalists that fit beside the peers in the memory the device has free: the slowest
     go first, the fastest always stays. A device that does not say (RPC) gets them all."""
     free = s.runner.available_bytes()
@@ -79,18 +79,18 @@ def refine_study_name(graph: DataflowGraph, dp_plan: Plan, memory: bool, space: 
             + (":latency+memory" if memory else ""))
 
 
-def _wanted(s: SearchSession) -> tuple[str, ...]:
+def _wanted(s: SessionView) -> tuple[str, ...]:
     """The peers of the verdict: those asked for that the model can have (with bf16 on offer,
     the bf16 peers of the libraries asked for too)."""
     bf16 = BF16_PEERS if "bf16" in s.config.precisions else ()
     return available_peers(s.model, s.options.peers + tuple(p for p in bf16 if p.split()[0] in s.options.peers))
 
 
-def _verdict_key(s: SearchSession, finalists: dict[str, Plan], wanted: tuple[str, ...]) -> str:
+def _verdict_key(s: SessionView, finalists: dict[str, Plan], wanted: tuple[str, ...]) -> str:
     return verdict_key(s.graph.fingerprint, {label: plan_key(p) for label, p in finalists.items()}, wanted)
 
 
-def await_verdict(s: SearchSession, finalists: dict[str, Plan]) -> None:
+def await_verdict(s: SessionView, finalists: dict[str, Plan]) -> None:
     """While another worker of this search times the verdict, wait for it with short polls
     (``judge`` looks every ``POLL_S``), so a worker that follows ends when the verdict lands.
 
@@ -112,7 +112,7 @@ def await_verdict(s: SearchSession, finalists: dict[str, Plan]) -> None:
         s.store.refresh()
 
 
-def judge(s: SearchSession, finalists: dict[str, Plan]) -> None:
+def judge(s: SessionView, finalists: dict[str, Plan]) -> None:
     """Finalist plans against the peers, in one process, interleaved; stored like the rest.
 
     One worker times the verdict (it claims the key); the others wait and read it.
@@ -160,7 +160,7 @@ def fastest_library_peer(verdict: Verdict) -> str | None:
     return min(ok, key=lambda p: ms[p].median_s) if ok else None
 
 
-def emit(s: SearchSession, finalists: dict[str, Plan]) -> None:
+def emit(s: SessionView, finalists: dict[str, Plan]) -> None:
     """The plan to emit: the fastest finalist by interleaved median, or the model's own file
     under the fastest library when no finalist beat it; its notes say how it stands."""
     result = s.result
@@ -194,7 +194,7 @@ def emit(s: SearchSession, finalists: dict[str, Plan]) -> None:
         result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, regions, notes=notes)
 
 
-def _search_notes(s: SearchSession, best: str, ok: dict[str, Measurement]) -> dict:
+def _search_notes(s: SessionView, best: str, ok: dict[str, Measurement]) -> dict:
     """What the plan's notes record of the search behind it."""
     result = s.result
     verdict = result.verdict.measurements

@@ -1,0 +1,62 @@
+"""What the verdict, auto-tuning and precision repair read of a search session.
+
+They are phases of ``SearchSession`` kept in modules of their own, and the session calls
+them; typed by the session itself they would import it back (a cycle, type-only but real to
+a reader and to the architecture test). So they are typed by this ``Protocol``: the
+attributes and methods they use, and nothing else of the session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import tvm
+
+    from partune.core.graph import DataflowGraph
+    from partune.core.plan import Plan, Region
+    from partune.core.scopes import CompilationConfig, SEScope
+    from partune.frontend.models import Model
+    from partune.runners.runner import Runner
+    from partune.runners.timing import Measurement
+    from partune.search.candidates import Candidate
+    from partune.search.options import TuneOptions
+    from partune.search.result import Counts, Progress, TuneResult
+    from partune.store.measurements import MeasurementStore
+
+
+class SessionView(Protocol):
+    """The narrow face of ``SearchSession`` its phase modules see."""
+
+    model: Model
+    mod: tvm.IRModule
+    graph: DataflowGraph
+    config: CompilationConfig
+    options: TuneOptions
+    store: MeasurementStore
+    runner: Runner
+    progress: Progress
+    result: TuneResult
+    cands: list[Candidate]
+    keys: dict[Candidate, str]
+    autotuned: set[str]
+    adjust: dict[SEScope, float]
+    tuned: dict[str, str]
+
+    @property
+    def counts(self) -> Counts: ...
+
+    @property
+    def module_file(self) -> Path: ...
+
+    def cost(self, c: Candidate) -> float: ...
+
+    def stored_cost(self, region: Region) -> float | None: ...
+
+    def measure_candidates(self, batch: dict[str, Candidate], meanwhile: Any = None,
+                           phase: bool = True) -> None: ...
+
+    def offer(self, label: str, plan: Plan, always: bool = False) -> bool: ...
+
+    def end_to_end(self, label: str, plan: Plan) -> Measurement: ...
