@@ -34,15 +34,6 @@ def decode_array(s: str) -> np.ndarray:
     return np.load(io.BytesIO(base64.b64decode(s)), allow_pickle=False)
 
 
-def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
-    """Random data of a dtype: normal floats; 0/1 integers and bools, valid as any index."""
-    if dtype == "bool":
-        return rng.integers(0, 2, size=shape).astype(bool)
-    if np.issubdtype(np.dtype(dtype), np.integer):
-        return rng.integers(0, 2, size=shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
-
-
 # -- Requests and replies ---------------------------------------------------------------------
 #
 # Each is a frozen dataclass with a ``kind`` tag. ``to_json`` gives a JSON-able dict (the
@@ -79,14 +70,21 @@ _CONTENDERS: _Codec = (lambda cs: {label: _contender_to_json(c) for label, c in 
                        lambda d: {label: _contender_from_json(c) for label, c in d.items()})
 
 
+PROTOCOL_VERSION = 2
+"""The wire format's version, in every message. A worker of another Partune (an RPC server
+not upgraded with the search) refuses a message of another version with a line naming both,
+instead of misreading it. Raise it with any change a reader of the old format would misread."""
+
+
 class _Message:
-    """JSON for a dataclass: its fields, each through its codec (``_codecs``), and ``kind``."""
+    """JSON for a dataclass: its fields, each through its codec (``_codecs``), ``kind`` and
+    the protocol ``version``."""
 
     kind: ClassVar[str]
     _codecs: ClassVar[dict[str, _Codec]] = {}
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind}
+        out: dict[str, Any] = {"kind": self.kind, "version": PROTOCOL_VERSION}
         for f in fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
             if value is not None:
@@ -97,12 +95,22 @@ class _Message:
     def from_json(cls, data: dict[str, Any]) -> Self:
         if not isinstance(data, dict) or data.get("kind") != cls.kind:
             raise ProtocolError(f"not a '{cls.kind}' message: {str(data)[:80]}")
+        check_version(data)
         names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-        unknown = set(data) - names - {"kind"}
+        unknown = set(data) - names - {"kind", "version"}
         if unknown:
             raise ProtocolError(f"unknown field(s) of '{cls.kind}': {sorted(unknown)}")
         return cls(**{k: cls._codecs.get(k, _SAME)[1](v) for k, v in data.items()
-                      if k != "kind" and v is not None})
+                      if k not in ("kind", "version") and v is not None})
+
+
+def check_version(data: dict[str, Any]) -> None:
+    """A one-line error where ``data`` was written by another version of the wire format."""
+    version = data.get("version", 1)  # the format before versions: 1
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"a '{data.get('kind')}' message of wire-protocol version {version}; this "
+                            f"Partune speaks version {PROTOCOL_VERSION} (run the same Partune on the "
+                            "searching machine and the measuring one)")
 
 
 @dataclass(frozen=True)

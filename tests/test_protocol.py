@@ -45,6 +45,7 @@ from partune.runners.protocol import (
     ProtocolError,
     RegionRequest,
     TuningReply,
+    failure_of,
     reply_from_json,
     request_from_json,
 )
@@ -261,7 +262,7 @@ def test_a_region_request_may_name_the_models_file_and_the_worker_lifts_the_regi
     instead of carrying the region's weights as JSON: the same region is measured, with the
     same inputs; its build has a key of its own per region and per file, the pool's build the
     same key; and the RPC path gets the region's text back in."""
-    from partune.models import load
+    from partune.frontend.models import load
     from tests.model_files import write_mlp_onnx
 
     model = load(str(write_mlp_onnx(tmp_path / "mlp.onnx", layers=3, width=32)), {})
@@ -291,7 +292,7 @@ def test_a_models_weights_go_to_a_parameter_file_and_come_back_bound(tmp_path):
     """Large constants are written as binary parameters, not as base64 inside the JSON (0.58 GB
     of text at 12 BERT layers): the JSON stays small, and the model read back is the model
     written, in structure, in its dataflow graph and in what it computes; small constants stay."""
-    from partune.models import load
+    from partune.frontend.models import load
     from tests.model_files import write_mlp_onnx
 
     mod = load(str(write_mlp_onnx(tmp_path / "mlp.onnx", layers=3, width=32)), {}).mod
@@ -313,7 +314,7 @@ def test_a_models_weights_go_to_a_parameter_file_and_come_back_bound(tmp_path):
 def test_a_peers_onnx_file_is_read_where_it_is_built_and_inlined_for_a_remote_worker(tmp_path):
     """The peers' ONNX model travels as a file name (two peers carried 2 GB of base64 at 24
     BERT layers); built from it, a peer computes what the carried one does."""
-    from partune.models import load
+    from partune.frontend.models import load
     from partune.runners.peers import make_peer, peer_label, peer_specs
     from tests.model_files import write_onnx
 
@@ -331,3 +332,15 @@ def test_a_peers_onnx_file_is_read_where_it_is_built_and_inlined_for_a_remote_wo
     label = peer_label("onnxruntime", model)
     np.testing.assert_allclose(np.asarray(make_peer(by_file[label], model.inputs, 1)()[0]),
                                np.asarray(make_peer(remote.contenders[label], model.inputs, 1)()[0]), rtol=1e-6)
+
+
+def test_a_message_of_another_wire_version_is_refused_naming_both():
+    from partune.runners.protocol import PROTOCOL_VERSION
+
+    data = requests()[0].to_json()
+    assert data["version"] == PROTOCOL_VERSION
+    old = {k: v for k, v in data.items() if k != "version"}  # as a Partune before versions wrote it
+    with pytest.raises(ProtocolError, match=f"version 1; this Partune speaks version {PROTOCOL_VERSION}"):
+        request_from_json(old)
+    reply = reply_from_json(json.loads(handle_json(json.dumps(data | {"version": PROTOCOL_VERSION + 1}))))
+    assert f"version {PROTOCOL_VERSION + 1}" in failure_of(reply) and len(failure_of(reply).splitlines()) == 1
