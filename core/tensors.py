@@ -1,6 +1,9 @@
-"""Tensor types of Relax values: a region's flat inputs and outputs."""
+"""Tensors: the types of Relax values (a region's flat inputs and outputs), the random
+inputs every measurement feeds, and any framework's outputs as numpy arrays."""
 
 from __future__ import annotations
+
+import numpy as np
 
 
 def tensor_types(ty) -> list:
@@ -29,3 +32,25 @@ def known_shape(ty) -> tuple[int, ...] | None:
         return static_shape(ty)
     except TypeError:  # a symbolic dimension
         return None
+
+
+def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """Random data of a dtype: normal floats; 0/1 integers and bools, valid as any index."""
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        return rng.integers(0, 2, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def flatten_outputs(out) -> list[np.ndarray]:
+    """Outputs of the TVM VM, torch or onnxruntime as a flat list of numpy arrays."""
+    if isinstance(out, np.ndarray):
+        return [out]
+    if hasattr(out, "detach"):  # torch
+        return [out.detach().cpu().numpy()]
+    if hasattr(out, "numpy"):  # TVM tensor
+        return [out.numpy()]
+    if isinstance(out, dict):
+        out = list(out.values())
+    return [a for o in out for a in flatten_outputs(o)]

@@ -31,7 +31,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from partune.zoo import _sanitise  # noqa: E402  (needs the repository root on sys.path)
+from partune.frontend.zoo import _sanitise  # noqa: E402  (needs the repository root on sys.path)
 
 SEED = 0
 Exporter = Literal["legacy", "dynamo"]
@@ -82,7 +82,7 @@ def _image(size: int = 224) -> tuple[torch.Tensor, ...]:
 
 
 def _finish(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[nn.Module, tuple]:
-    """Calibrate BatchNorm on random batches and switch to eval, as partune.zoo does."""
+    """Calibrate BatchNorm on random batches and switch to eval, as partune.frontend.zoo does."""
     return _sanitise(model, inputs), inputs
 
 

@@ -176,7 +176,7 @@ def quantiles(xs: list[float]) -> dict:
 
 
 def bench_one(spec: str, args) -> dict:
-    from partune.models import load
+    from partune.frontend.models import load
     from partune.runners.capture import capture_values
 
     model = load(spec)

@@ -45,7 +45,7 @@ def time_plans(spec: str, flags: list[str], plans: dict[str, Path], threads: int
     timed once (a budget or a search that emitted the same plan gets the same time)."""
     from partune.core.keys import plan_key
     from partune.core.plan import Plan
-    from partune.models import load
+    from partune.frontend.models import load
     from partune.runners.builder import build_model_file, build_plan
     from partune.runners.peers import model_onnx
     from partune.runners.timing import time_interleaved

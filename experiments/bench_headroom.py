@@ -28,8 +28,8 @@ RESULTS = ROOT / "experiments" / "results"
 def measure(name: str, folder: Path, threads: int):
     """The headroom of the architecture's legacy export, as a user would measure it."""
     from experiments.architectures import export_onnx, get
+    from partune.frontend.models import load_onnx
     from partune.headroom import measure as headroom
-    from partune.models import load_onnx
 
     path = folder / f"{name}.onnx"
     export_onnx(name, path)

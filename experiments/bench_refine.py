@@ -34,7 +34,7 @@ def bench_one(spec: str, args) -> dict:
 
     from partune.core.versions import device_fingerprint
     from partune.export import export
-    from partune.models import load
+    from partune.frontend.models import load
     from partune.runners.builder import compare_request
     from partune.runners.local import LocalRunner
     from partune.runners.peers import peer_label, peer_specs

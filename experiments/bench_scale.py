@@ -46,7 +46,7 @@ def _count(path: str, flags: list[str], backends: str) -> dict:
             "from partune.commands.common import parse_input_shapes\n"
             "from partune.core.keys import candidate_key\n"
             "from partune.core.scopes import CompilationConfig\n"
-            "from partune.models import load\n"
+            "from partune.frontend.models import load\n"
             "from partune.search.candidates import enumerate_candidates\n"
             "from partune.search.dp import schedulable\n"
             "path, shapes, backends = sys.argv[1], sys.argv[2].split(';') if sys.argv[2] else [], sys.argv[3].split(',')\n"

@@ -32,7 +32,7 @@ def main() -> int:
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
     from partune.backends import registry
     from partune.bench import bench, format_table
-    from partune.models import load
+    from partune.frontend.models import load
 
     registry.set_threads(args.threads)
     cpu = platform.processor() or platform.machine()

@@ -42,7 +42,7 @@ def main() -> int:
 
     registry.configure(Settings(tuning_database=str(Path(args.tuning_database).resolve())))
     from partune.core.plan import Plan
-    from partune.models import load
+    from partune.frontend.models import load
     from partune.runners.builder import build_plan
     from partune.runners.peers import make_peer, peer_specs
     from partune.runners.timing import time_interleaved

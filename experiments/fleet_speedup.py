@@ -50,8 +50,8 @@ def model_file(name: str, layers: int, folder: Path) -> Path:
     """The ONNX file searched: the MLP, or a zoo model exported the way a user would."""
     if name == "mlp":
         return write_mlp_onnx(folder / "mlp.onnx", layers=layers)
+    from partune.frontend.zoo import ZOO
     from partune.runners.peers import onnx_export
-    from partune.zoo import ZOO
 
     entry = ZOO[name]
     path = folder / f"{name}.onnx"

@@ -52,7 +52,7 @@ def _bench_one(name: str, kind: str, make: Callable, reference) -> BenchRow:
 
 
 def _peer(run):
-    from partune.runners.builder import flatten_outputs
+    from partune.core.tensors import flatten_outputs
 
     return run, flatten_outputs(run())
 

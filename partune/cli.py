@@ -29,6 +29,20 @@ from partune.commands.tune import cmd_tune
 EXIT_USAGE = 2
 
 
+def _pass_options(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument("--disable-pass", action="append", metavar="NAME", default=default,
+                        help="leave this import pass out (repeatable; see --list-passes); a plan "
+                             "is made for the module its passes produce, so export with the same")
+
+
+class _ListPasses(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from partune.frontend.pipeline import describe_passes
+
+        print(describe_passes())
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="partune",
@@ -40,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
                    help="static shape for an ONNX input whose dimensions are symbolic, e.g. "
                         "input_ids=1,128 (repeatable; open dimensions default to 1)")
+    _pass_options(p, None)
+    p.add_argument("--list-passes", action=_ListPasses, nargs=0,
+                   help="list the import passes every model goes through, in order, and exit")
     p.add_argument("--tvm-database", metavar="DIR",
                    help="a MetaSchedule JSON database: the tvm backend applies its tuned schedules")
     sub = p.add_subparsers(dest="command", required=True)
@@ -54,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", action="append", metavar="X.npy",
                    help="for a deploy directory: an input array (repeat per input; default: the example inputs)")
     r.add_argument("--output", metavar="PREFIX", help="for a deploy directory: save outputs as PREFIX_i.npy")
+    r.add_argument("-v", "--verbose", action="store_true",
+                   help="also print each import pass's time and how many places it rewrote")
     r.set_defaults(func=cmd_run)
 
     b = sub.add_parser("bench", help="time each single-backend plan and the usual peers in one run")
@@ -84,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "stands (your own file under a library, where nothing beats it). Interrupt and "
                        "rerun to resume.")
     t.add_argument("model", metavar="MODEL")
+    _pass_options(t, argparse.SUPPRESS)  # also after the subcommand: partune tune MODEL --disable-pass NAME
     t.add_argument("--backends", default="tvm,torch,onnxruntime,openvino",
                    help="comma-separated backends on offer (default tvm,torch,onnxruntime,openvino)")
     t.add_argument("--storage", default="sqlite:///partune.db",

@@ -24,7 +24,7 @@ from partune.core.scopes import SEScope
 from partune.runners.timing import Measurement
 
 if TYPE_CHECKING:
-    from partune.models import Model
+    from partune.frontend.models import Model
 
 # Chosen, or why not: what a backend did with exactly a region's nodes.
 CHOSEN, MEASURED, FAILED, REFUSED, UNPROPOSED, UNMEASURED = (

@@ -20,6 +20,7 @@ from partune.core import partition
 from partune.core.graph import DataflowGraph, main_bindings
 from partune.core.plan import Plan
 from partune.core.scopes import SEScope
+from partune.core.tensors import flatten_outputs
 from partune.runners.protocol import (
     CaptureRequest,
     CompareRequest,
@@ -68,19 +69,6 @@ class BuiltModel:
         args = [tvm.runtime.tensor(a, self.device) for a in inputs]
         main = self.vm["main"]
         return lambda: main(*args)
-
-
-def flatten_outputs(out) -> list[np.ndarray]:
-    """Outputs of the TVM VM, torch or onnxruntime as a flat list of numpy arrays."""
-    if isinstance(out, np.ndarray):
-        return [out]
-    if hasattr(out, "detach"):  # torch
-        return [out.detach().cpu().numpy()]
-    if hasattr(out, "numpy"):  # TVM tensor
-        return [out.numpy()]
-    if isinstance(out, dict):
-        out = list(out.values())
-    return [a for o in out for a in flatten_outputs(o)]
 
 
 def main_compiler(plan: Plan):

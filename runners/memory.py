@@ -17,11 +17,10 @@ A process's own peak over its whole life (``lifetime_peak_bytes``) survives thos
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import gc
 import os
 import re
+
+from partune.core.memory import trim  # noqa: F401 - workers call memory.trim
 
 GiB = 1 << 30
 MAX_RSS_BYTES = 3 * GiB  # a worker resident above this after a request is replaced
@@ -42,15 +41,6 @@ def _status_bytes(field: str, path: str = "/proc/self/status") -> int | None:
 def available_bytes() -> int | None:
     """Memory this machine can hand out now without swapping (None where /proc does not say)."""
     return _status_bytes("MemAvailable", "/proc/meminfo")
-
-
-def trim() -> None:
-    """Collect garbage and hand the heap's free pages back to the system (glibc)."""
-    gc.collect()
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def resident_bytes() -> int | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +20,7 @@ import numpy as np
 
 from partune.backends.model_file import LIBRARIES, open_model_file
 from partune.core.errors import last_line
+from partune.frontend.exported_program import load_program
 
 Runnable = Callable[[], object]
 
@@ -74,7 +74,7 @@ def _torch_outputs(module, threads: int, precision: str) -> Callable[[list[np.nd
     """The compiled module as a function of numpy inputs to float32 numpy outputs (for its error)."""
     import torch
 
-    from partune.runners.builder import flatten_outputs
+    from partune.core.tensors import flatten_outputs
 
     call = _compiled_call(module, threads, precision)
 
@@ -260,7 +260,7 @@ def torch_recipe(model) -> dict:
 def rebuild_module(recipe: dict):
     """The module of a ``torch_recipe``, checked against the digest of the one searched."""
     if "zoo" in recipe:
-        from partune.zoo import ZOO
+        from partune.frontend.zoo import ZOO
 
         if recipe["zoo"] not in ZOO:
             raise RuntimeError(f"this device's partune has no zoo model {recipe['zoo']!r}")
@@ -273,25 +273,3 @@ def rebuild_module(recipe: dict):
         raise RuntimeError("the rebuilt torch module's weights differ from the searched model's "
                            "(a different partune or torch on the device?)")
     return module
-
-
-def load_program(data: bytes):
-    """An ExportedProgram read with torch's weights-only unpickler forced for every tensor
-    file inside: ``torch.export.load`` otherwise falls back to full pickle, and a .pt2 file
-    from elsewhere could run anything."""
-    import torch
-
-    before = os.environ.get(_WEIGHTS_ONLY)
-    os.environ[_WEIGHTS_ONLY] = "1"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return torch.export.load(io.BytesIO(data))
-    finally:
-        if before is None:
-            os.environ.pop(_WEIGHTS_ONLY, None)
-        else:
-            os.environ[_WEIGHTS_ONLY] = before
-
-
-_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"

@@ -39,7 +39,6 @@ from partune.runners.protocol import (
     TuneRequest,
     TuningReply,
     decode_array,
-    random_array,
     request_from_json,
 )
 from partune.runners.timing import Measurement, time_callable
@@ -105,7 +104,7 @@ def measure_region(req: RegionRequest) -> MeasurementReply:
     ones); the reply also says how the build went."""
     import tvm
 
-    from partune.core.tensors import static_shape, tensor_types
+    from partune.core.tensors import random_array, static_shape, tensor_types
 
     func, kernel, info = build_region(req)
     if req.inputs is not None:  # what the region reads inside the model

@@ -15,7 +15,7 @@ _cache: dict = {}
 
 
 def load_model(name: str):
-    from partune.models import load
+    from partune.frontend.models import load
 
     if name not in _cache:
         _cache[name] = load(name)

@@ -22,7 +22,7 @@ def zoo_mains() -> dict[str, tuple[relax.Function, tuple[torch.Tensor, ...], np.
     (not normalised, so backends see what importers emit): (main, inputs, eager output)."""
     from tvm.relax.frontend.torch import from_exported_program
 
-    from partune.zoo import ZOO
+    from partune.frontend.zoo import ZOO
 
     for name in SMALL_ZOO:
         if name not in _zoo:

@@ -97,3 +97,35 @@ def test_tvm_database_is_handed_to_the_tvm_backend(capsys, tmp_path, backend_set
     assert registry.settings().tvm_database == str(db) and registry.get("tvm").database_dir == str(db)
     assert (db / "database_workload.json").exists()  # MetaSchedule opened it while building
     _fails_cleanly(capsys, ["--tvm-database", str(tmp_path / "nope"), "run", "bert-small"], "not a directory")
+
+
+def test_an_unknown_import_pass_is_refused_before_anything_runs(capsys):
+    _fails_cleanly(capsys, ["--disable-pass", "NoSuchPass", "run", "bert-small"], "no import pass named NoSuchPass")
+
+
+def test_list_passes_names_every_pass_in_order(capsys):
+    from partune.frontend.pipeline import NAMES
+
+    with pytest.raises(SystemExit) as done:
+        main(["--list-passes"])
+    assert done.value.code == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == list(NAMES)
+
+
+def _max_err(out: str) -> float:
+    return float(next(line for line in out.splitlines() if line.startswith("max |err|")).split()[2])
+
+
+def test_run_v_prints_what_each_pass_did_and_every_pass_can_be_off(capsys, tmp_path):
+    """With every import pass left out, the module as imported still runs under a plan and
+    matches the reference (the passes are rewrites, not requirements)."""
+    from partune.frontend.pipeline import NAMES
+
+    model = str(write_onnx(tmp_path / "m.onnx"))
+    assert main(["run", model, "--backend", "onnxruntime", "-v"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"pass {n}" in out for n in NAMES) and "rewritten" in out and _max_err(out) < 1e-4
+    off = [a for n in NAMES for a in ("--disable-pass", n)]
+    assert main([*off, "run", model, "--backend", "onnxruntime", "-v"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("disabled") == len(NAMES) and _max_err(out) < 1e-4

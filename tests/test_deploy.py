@@ -140,7 +140,7 @@ def test_an_export_killed_half_way_leaves_the_last_deployment_whole(tmp_path):
     import time
 
     from partune.deployed import load
-    from partune.models import load_onnx
+    from partune.frontend.models import load_onnx
     from tests.model_files import write_onnx
 
     model_file = write_onnx(tmp_path / "tiny.onnx")

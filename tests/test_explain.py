@@ -172,7 +172,7 @@ def _stored(url: str) -> dict[str, Measurement]:
 
 
 def test_explain_a_study_lists_every_region(tuned, capsys):
-    from partune.models import load
+    from partune.frontend.models import load
 
     model, url, plan = tuned
     capsys.readouterr()
@@ -194,7 +194,7 @@ def test_explain_a_study_lists_every_region(tuned, capsys):
 def test_explain_a_plan_file_margins_match_the_store(tuned, tmp_path, capsys):
     """Single-node regions (every one a measured candidate of both backends): the times shown
     are the store's, the runner-up is the other backend, and the margin is their difference."""
-    from partune.models import load
+    from partune.frontend.models import load
 
     model, url, tuned_plan = tuned
     graph = load(str(model)).graph

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 
 from partune.cli import main
 from partune.core.scopes import CompilationConfig
-from partune.models import load
+from partune.frontend.models import load
 from partune.runners.builder import build_plan
 from partune.search.candidates import backend_plan
 from tests.export_models import TEST_MODELS, write_export

@@ -14,7 +14,7 @@ import torch
 
 from experiments import architectures as A
 from experiments.bench_vs_peers import EXPORTS
-from partune.models import load_onnx
+from partune.frontend.models import load_onnx
 
 
 def test_the_held_out_set_stays_apart():

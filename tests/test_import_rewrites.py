@@ -6,10 +6,10 @@ import pytest
 import tvm
 from tvm import relax
 
-from partune import input_free, relative_shear
 from partune.backends import registry
 from partune.core.graph import main_bindings
-from partune.model_rewrites import normalise
+from partune.frontend.passes import input_free, relative_shear
+from partune.frontend.pipeline import normalise as _pipeline
 
 
 def _masked_scores() -> tvm.IRModule:
@@ -33,6 +33,10 @@ def _run(mod: tvm.IRModule, x: np.ndarray) -> np.ndarray:
     return vm["main"](tvm.runtime.tensor(x)).numpy()
 
 
+def normalise(mod: tvm.IRModule) -> tvm.IRModule:
+    return _pipeline(mod)[0]
+
+
 def _ops(mod: tvm.IRModule) -> list[str]:
     return [b.value.op.name for b in main_bindings(mod["main"])
             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
@@ -52,7 +56,7 @@ def test_an_arange_mask_becomes_one_constant_and_computes_the_same():
 
 def test_values_too_large_to_keep_stay_computed(monkeypatch):
     monkeypatch.setattr(input_free, "MAX_ELEMENTS", 8)  # the 8x8 mask is over the cap
-    assert "relax.less_equal" in _ops(input_free.fold_input_free(_masked_scores()))
+    assert "relax.less_equal" in _ops(input_free.fold_input_free(_masked_scores())[0])
 
 
 def test_a_function_of_inputs_only_is_left_as_it_is():
@@ -63,7 +67,7 @@ def test_a_function_of_inputs_only_is_left_as_it_is():
             out = bb.emit_output(relax.op.add(x, x))
         bb.emit_func_output(out)
     mod = bb.get()
-    assert input_free.fold_input_free(mod) is mod
+    assert input_free.fold_input_free(mod)[0] is mod
 
 
 def _guarded_attention(mask: np.ndarray | None, normalise_first: bool = True,
@@ -122,7 +126,7 @@ def test_softmax_guards_go_only_where_they_cannot_fire(mask, normalise_first, dr
 def test_magnitude_bounds_hold_on_extreme_inputs_and_refuse_overflow():
     """Bounds are sound on what TVM computes, even from infinite or huge inputs, and a product
     that could overflow f32 is unbounded."""
-    from partune.finite_bounds import magnitude_bounds, never_infinite
+    from partune.frontend.finite_bounds import magnitude_bounds, never_infinite
 
     mod = _guarded_attention(_CAUSAL)
     func = mod["main"]

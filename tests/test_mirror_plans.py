@@ -22,7 +22,7 @@ from experiments import architectures as A
 from partune.backends.onnxruntime_backend import DISABLED_OPTIMIZERS, session_options
 from partune.backends.relax_to_onnx import relax_to_onnx
 from partune.core.scopes import CompilationConfig
-from partune.models import load_onnx
+from partune.frontend.models import load_onnx
 from partune.search.candidates import backend_plan
 
 # Every export architecture of the benchmark (legacy exporter: quick; the dynamo exports are

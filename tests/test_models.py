@@ -4,7 +4,7 @@ import pytest
 from partune.core.errors import ModelError
 from partune.core.plan import single_backend_plan
 from partune.core.scopes import CompilationConfig
-from partune.models import load
+from partune.frontend.models import load
 from partune.runners.builder import build_plan
 from tests.model_files import write_onnx, write_pt2, write_tvmscript
 
@@ -186,7 +186,7 @@ def test_shape_folding_leaves_the_weights_and_folds_as_onnxslim_does(tmp_path):
     import onnxslim
     from onnx import helper, numpy_helper
 
-    from partune.onnx_folding import fold_onnx_shapes
+    from partune.frontend.onnx_folding import fold_onnx_shapes
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((32, 1024)).astype("float32")  # 128 KiB: left out of shape inference
@@ -226,7 +226,7 @@ def test_onnxslim_runs_on_stand_ins_for_the_weights_and_folds_them_as_with_them(
     import onnxslim.core
     from onnx import helper
 
-    from partune.onnx_folding import fold_onnx_shapes
+    from partune.frontend.onnx_folding import fold_onnx_shapes
 
     rng = np.random.default_rng(1)
     w1, w2, w3 = (rng.standard_normal(shape).astype("float32") for shape in ((256, 64), (64, 256), (64, 256)))

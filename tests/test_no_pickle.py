@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from partune.frontend.exported_program import load_program
 from partune.runners import peers
 from partune.runners.protocol import reply_from_json
 
@@ -76,7 +77,7 @@ def _spec_round_trip(spec: dict) -> dict:
 
 
 def test_a_pt2_models_torch_peer_travels_as_data_and_matches_the_reference(tmp_path):
-    from partune.models import load_pt2
+    from partune.frontend.models import load_pt2
 
     model = load_pt2(_pt2(tmp_path))
     specs = peers.peer_specs(model, ("torch",))
@@ -87,7 +88,7 @@ def test_a_pt2_models_torch_peer_travels_as_data_and_matches_the_reference(tmp_p
 
 
 def test_a_rebuilt_module_with_other_weights_is_refused(tmp_path):
-    from partune.models import load_pt2
+    from partune.frontend.models import load_pt2
 
     model = load_pt2(_pt2(tmp_path))
     spec = peers.peer_specs(model, ("torch",))[peers.peer_label("torch", model)]
@@ -97,7 +98,7 @@ def test_a_rebuilt_module_with_other_weights_is_refused(tmp_path):
 
 
 def test_a_zoo_models_torch_peer_is_rebuilt_by_name():
-    from partune.models import load_zoo
+    from partune.frontend.models import load_zoo
 
     model = load_zoo("bert-small")
     spec = peers.peer_specs(model, ("torch",))[peers.peer_label("torch", model)]
@@ -136,7 +137,7 @@ def test_an_exported_program_hiding_a_pickle_is_not_run(tmp_path):
     marker = tmp_path / "pwned"
     evil = _with_hidden_pickle(_pt2(tmp_path).read_bytes(), marker)
     with pytest.raises(Exception):  # noqa: B017, PT011 - any refusal will do; running it will not
-        peers.load_program(evil)
+        load_program(evil)
     assert not marker.exists()
 
 

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from partune.backends.relax_to_onnx import relax_to_onnx
-from partune.models import load
+from partune.frontend.models import load
 
 
 def _write(path, extra_output: bool = False):

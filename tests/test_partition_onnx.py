@@ -10,7 +10,7 @@ import pytest
 
 from partune.core.plan import Plan, Region
 from partune.core.scopes import CompilationConfig
-from partune.models import load
+from partune.frontend.models import load
 from partune.partition_onnx import (
     BACKEND,
     BINDING,

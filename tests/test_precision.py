@@ -304,7 +304,7 @@ def test_torch_compile_under_bf16_autocast_is_a_peer_with_its_error(tmp_path):
     no torch module (an ONNX file) has OpenVINO's bf16 peer only."""
     import json
 
-    from partune.models import load, load_pt2
+    from partune.frontend.models import load, load_pt2
     from partune.runners import peers
     from tests.model_files import write_onnx
     from tests.test_no_pickle import _pt2

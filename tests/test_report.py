@@ -9,7 +9,7 @@ import pytest
 from partune.core.keys import calibration_keys, candidate_key
 from partune.core.plan import Plan, Region, region_order
 from partune.core.scopes import CompilationConfig
-from partune.models import load
+from partune.frontend.models import load
 from partune.report_graph import DETAILED_UP_TO, boxes, has_dot, layers
 from partune.report_regions import Facts, facts, next_steps, region_times
 from partune.runners.timing import Measurement

@@ -148,7 +148,7 @@ def test_a_small_value_every_block_reads_does_not_hide_the_blocks(shared_rows, c
 
 def test_pins_drop_incompatible_candidates(tmp_path):
     from partune.core.scopes import CompilationConfig, SEScope
-    from partune.models import load
+    from partune.frontend.models import load
     from partune.search.candidates import enumerate_candidates
     from tests.model_files import TVMSCRIPT
 

@@ -242,7 +242,7 @@ def test_a_hopeless_native_plan_is_not_timed(tmp_path, monkeypatch):
     """Untuned TVM ran a BERT-768 in 5.9 s against the best plan's 27 ms; timing it took 83 s
     of the search. The native-only plan is left untimed (and says why) only when its measured
     regions add up to more than HOPELESS times the fastest plan timed; other plans always run."""
-    from partune.models import load
+    from partune.frontend.models import load
     from partune.runners.timing import Measurement
     from partune.search.candidates import backend_plan
     from partune.search.dp import Cover

@@ -35,9 +35,9 @@ def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:
 
 def load_model(args: argparse.Namespace):
     """The model named on the command line; dimensions it left open are reported."""
-    from partune.models import load
+    from partune.frontend import load
 
-    model = load(args.model, parse_input_shapes(args.input_shape))
+    model = load(args.model, parse_input_shapes(args.input_shape), getattr(args, "disable_pass", None) or ())
     for note in model.assumed:
         print(f"partune: note: {note} (set it with --input-shape)", file=sys.stderr)
     return model
@@ -162,6 +162,6 @@ def format_duration(seconds: float) -> str:
 
 
 def is_zoo(name: str) -> bool:
-    from partune.zoo import ZOO
+    from partune.frontend.zoo import ZOO
 
     return name in ZOO

@@ -54,6 +54,7 @@ def _read_plan(args: argparse.Namespace):
     attrs = job_attrs(args.storage, args.study)
     args.model = args.model or attrs.get("model")
     args.input_shape = args.input_shape or attrs.get("input_shape")
+    args.disable_pass = args.disable_pass or attrs.get("disabled_passes")
     return Plan.from_json(attrs["best_plan"]), f"study '{args.study}' in {args.storage}"
 
 

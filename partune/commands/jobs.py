@@ -27,6 +27,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         plan = Plan.from_json(attrs["best_plan"])
         spec = spec or attrs.get("model")
         shapes = shapes or attrs.get("input_shape")
+        args.disable_pass = args.disable_pass or attrs.get("disabled_passes")
     args.model, args.input_shape = spec, shapes
     model = load_model(args)
     if plan.fingerprint != model.graph.fingerprint:
@@ -135,6 +136,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     model = None
     if attrs.get("model"):
         args.model, args.input_shape = attrs["model"], attrs.get("input_shape")
+        args.disable_pass = args.disable_pass or attrs.get("disabled_passes")
         try:
             model = load_model(args)
         except PartuneError as e:  # the report still has its tables and plots without the graph
@@ -149,7 +151,7 @@ def cmd_costmodel_eval(args: argparse.Namespace) -> int:
     """Leave-one-model-out: how well the cost model ranks each DP frontier's candidates."""
     from partune.core.errors import PartuneError
     from partune.cost_models.xgboost_model import XGBoostCostModel
-    from partune.models import load
+    from partune.frontend.models import load
     from partune.search.cost_model_eval import Samples, leave_one_model_out, samples_for
     from partune.store.measurements import STUDY_PREFIX, MeasurementStore
 
@@ -197,7 +199,7 @@ def cmd_rpc_server(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from partune.zoo import ZOO
+    from partune.frontend.zoo import ZOO
 
     for name in sorted(ZOO):
         print(f"{name:<22} {ZOO[name].family:<12} {ZOO[name].description}")

@@ -86,6 +86,10 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"(IQR {m.spread_s * 1e3:.3f} ms, CPU {m.cpu_s * 1e3:.3f} ms, "
           f"{m.repeats}x{m.number} calls, {args.threads} thread(s))")
     print(f"max |err|  {err:.3g} vs {model.reference_source}")
+    if args.verbose:
+        from partune.frontend.pipeline import describe_runs
+
+        print(describe_runs(model.passes))
     if args.save_plan:
         plan.save(args.save_plan)
         print(f"plan saved to {args.save_plan}")

@@ -252,6 +252,8 @@ def _job_started(study, args: argparse.Namespace) -> None:
     study.set_user_attr("model", os.path.abspath(args.model) if os.path.exists(args.model) else args.model)
     if args.input_shape:
         study.set_user_attr("input_shape", args.input_shape)
+    if getattr(args, "disable_pass", None):  # export and explain rebuild the module the plan is for
+        study.set_user_attr("disabled_passes", args.disable_pass)
     study.set_user_attr("started", time.time())
     study.set_user_attr("n_trials", args.refine_trials)
     study.set_user_attr("objective", args.objective)

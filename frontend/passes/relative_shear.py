@@ -1,4 +1,4 @@
-"""Relative-position gathers as shears: ``gather_elements`` with a constant diagonal index.
+"""``RelativeShears``: relative-position gathers as shears, ``gather_elements`` with a constant diagonal index.
 
 DeBERTa's disentangled attention scores every query against every relative position, then
 picks, per (query i, key j), the score of position ``c + (j - i)`` (c2p) or ``c + (i - j)``
@@ -24,6 +24,7 @@ import tvm
 from tvm import relax
 
 from partune.core.tensors import known_shape
+from partune.frontend.passes.import_pass import ImportPass, on_main
 
 
 def diagonal(idx: np.ndarray) -> tuple[int, int] | None:
@@ -58,8 +59,14 @@ def _shear(bb: relax.BlockBuilder, a: relax.Expr, lead: list[int], n: int, width
 
 
 @relax.expr_functor.mutator
-class RelativeShears(relax.PyExprMutator):
-    """Every diagonal constant-index ``gather_elements`` made a shear (see the module docstring)."""
+class _Shears(relax.PyExprMutator):
+    """Every diagonal constant-index ``gather_elements`` made a shear (see the module docstring).
+    A mutator: whether the index is a diagonal is a test of its values, and the column
+    selection reaches into the binding of the gathered scores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rewrites = 0
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
@@ -82,6 +89,7 @@ class RelativeShears(relax.PyExprMutator):
         kept = self._kept_columns(data, cols)
         if kept is None:
             return call
+        self.rewrites += 1
         return _shear(self.builder_, self.builder_.emit(kept), lead, n, len(cols), m)
 
     def _kept_columns(self, data: relax.Expr, cols: np.ndarray) -> relax.Expr | None:
@@ -95,3 +103,8 @@ class RelativeShears(relax.PyExprMutator):
         if cols[-1] > cols[0]:
             return relax.op.strided_slice(data, [len(known_shape(data.ty)) - 1], [int(cols[0])], [int(cols[-1]) + 1])
         return None
+
+
+RELATIVE_SHEARS = ImportPass("RelativeShears", "a diagonal constant-index gather_elements "
+                             "(DeBERTa's relative positions) as reshapes and slices",
+                             on_main(_Shears))

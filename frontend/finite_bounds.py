@@ -1,6 +1,7 @@
 """Bounds on the magnitude of every float value a model computes, where they can be proved.
 
-Why: the torch import of ``scaled_dot_product_attention`` guards each softmax against rows
+Why (the softmax guards pass, ``frontend/passes/softmax_guards.py``, is what reads them): the
+torch import of ``scaled_dot_product_attention`` guards each softmax against rows
 that are all ``-inf`` (``where(all(x == -inf), 0, softmax(x))``: seven small ops per
 attention). torch.onnx.export drops the guard, so onnxruntime and OpenVINO on the user's file
 never pay it; in a Partune region it cost 9 us of bert-small's 55 (OpenVINO, one thread).
@@ -61,12 +62,12 @@ _INT_MAX = {"bool": 1.0, "int8": 128.0, "uint8": 255.0, "int16": 2.0 ** 15, "uin
             "int32": 2.0 ** 31, "uint32": 2.0 ** 32, "int64": 2.0 ** 63, "uint64": 2.0 ** 64}
 
 
-def _dims(expr: relax.Expr) -> list[int] | None:
+def known_dims(expr: relax.Expr) -> list[int] | None:
     shape = known_shape(expr.ty)
     return None if shape is None else list(shape)
 
 
-def _op(expr: relax.Expr) -> str | None:
+def op_name(expr: relax.Expr) -> str | None:
     """The operator a call applies (None for anything else)."""
     return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) else None
 
@@ -113,7 +114,7 @@ class _Bounds:
             return max((self.expr(f) for f in e.fields), default=0.0)
         if isinstance(e, relax.TupleGetItem):
             return self.expr(e.tuple_value)
-        if _op(e) is not None:
+        if op_name(e) is not None:
             if _dtype(e).startswith(("float", "bfloat")) and _dtype(e) != "float32":
                 return INF  # the bounds assume f32's range and rounding
             try:
@@ -130,7 +131,7 @@ class _Bounds:
         if name in ("relax.nn.layer_norm", "relax.nn.rms_norm"):
             # |normalised| <= sqrt(N - 1) whatever the input (an infinity in it gives NaN); the
             # 1e-3 covers the roundings of the mean, variance and scaling
-            n = math.prod(_dims(args[0])[int(a)] for a in c.attrs.axes)
+            n = math.prod(known_dims(args[0])[int(a)] for a in c.attrs.axes)
             scale = b[1] if name == "relax.nn.rms_norm" or c.attrs.scale else 1.0
             beta = b[2] if name == "relax.nn.layer_norm" and c.attrs.center else 0.0
             return _rounded(math.sqrt(n) * (1 + 1e-3) * scale + beta, 4)
@@ -155,13 +156,13 @@ class _Bounds:
             low = _const_min_abs(args[1])
             return _rounded(b[0] / low) if low > 0 else INF
         if name == "relax.matmul":
-            k = _dims(args[0])[-1]
+            k = known_dims(args[0])[-1]
             return _rounded(k * b[0] * b[1], 2 * k)
         if name in ("relax.nn.conv1d", "relax.nn.conv2d"):
-            k = math.prod(_dims(args[1])[1:])
+            k = math.prod(known_dims(args[1])[1:])
             return _rounded(k * b[0] * b[1], 2 * k)
         if name == "relax.sum":
-            dims = _dims(args[0])
+            dims = known_dims(args[0])
             axes = c.attrs.axis
             n = math.prod(dims) if axes is None else math.prod(dims[int(a)] for a in axes)
             return _rounded(n * b[0], n)
@@ -179,76 +180,3 @@ def magnitude_bounds(func: relax.Function) -> dict[relax.Var, float]:
 def never_infinite(bound: float) -> bool:
     """Whether a value with this magnitude bound can never be an infinity in f32."""
     return bound <= FLT_MAX
-
-
-def _is_neg_inf(expr: relax.Expr) -> bool:
-    if not isinstance(expr, tvm.ir.GenericConst):
-        return False
-    value = expr.value.numpy()
-    return value.size == 1 and bool(np.isneginf(value).all())
-
-
-@relax.expr_functor.mutator
-class _SoftmaxGuards(relax.PyExprMutator):
-    """``where(not(any(x != -inf, axis=-1)), 0, softmax(x))`` is ``softmax(x)`` where every
-    row of ``x`` provably holds an element that is not ``-inf``: ``x`` bounded, or ``x = s +
-    M`` with ``s`` bounded and ``M`` a constant (an additive mask) with a finite element in
-    every row (a causal mask's diagonal), whose sum with ``s`` cannot overflow.
-
-    The import spells the test ``not(astype(max(astype(not(x == -inf), int8), -1), bool))``.
-    """
-
-    def __init__(self, bounds: dict[relax.Var, float]) -> None:
-        super().__init__()
-        self.bounds = bounds
-
-    def _chain(self, expr: relax.Expr, *names: str) -> relax.Expr | None:
-        """Follow ``expr`` back through calls of ``names`` (first arguments); the last one's
-        first argument, or None where the chain differs."""
-        for name in names:
-            value = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
-            if _op(value) != name:
-                return None
-            if name == "relax.max" and ([int(a) for a in value.attrs.axis or []] != [-1]):
-                return None
-            if name == "relax.equal" and not _is_neg_inf(value.args[1]):
-                return None
-            expr = value.args[0]
-        return expr
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:
-        call = super().visit_call_(call)
-        if _op(call) != "relax.where":
-            return call
-        guard, _, result = call.args
-        x = self._chain(guard, "relax.logical_not", "relax.astype", "relax.max", "relax.astype",
-                        "relax.logical_not", "relax.equal")
-        source = self._chain(result, "relax.nn.softmax")
-        if x is None or source is None or not source.same_as(x) or _dims(result) != _dims(call):
-            return call
-        return result if self._rows_hold_no_neg_inf(x) else call
-
-    def _rows_hold_no_neg_inf(self, x: relax.Expr) -> bool:
-        if never_infinite(self.bounds.get(x, INF)):
-            return True
-        value = self.lookup_binding(x) if isinstance(x, relax.Var) else None
-        dims = _dims(x)
-        if _op(value) != "relax.add" or dims is None:
-            return False
-        for s, mask in (value.args, value.args[::-1]):
-            if isinstance(mask, tvm.ir.GenericConst) and never_infinite(self.bounds.get(s, INF)):
-                m = np.abs(np.broadcast_to(mask.value.numpy().astype(np.float64), dims))
-                fine = np.isfinite(m) & (m + self.bounds[s] < FLT_MAX)
-                return bool(fine.any(axis=-1).all())
-        return False
-
-
-def drop_softmax_guards(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` without the softmax guards that can never fire (``_SoftmaxGuards``); the bounds
-    (a pass over every weight) are only computed where there is a guard."""
-    tests = (b.value for block in mod["main"].body.blocks for b in block.bindings)
-    if not any(_op(v) == "relax.equal" and _is_neg_inf(v.args[1]) for v in tests):
-        return mod
-    mod = mod.clone() if hasattr(mod, "clone") else mod
-    mod["main"] = _SoftmaxGuards(magnitude_bounds(mod["main"])).visit_expr(mod["main"])
-    return relax.transform.DeadCodeElimination(["main"])(mod)

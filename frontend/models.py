@@ -13,7 +13,7 @@ import contextlib
 import io
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,12 +23,11 @@ from tvm import relax
 
 from partune.core.errors import ModelError, last_line
 from partune.core.graph import DataflowGraph
+from partune.core.memory import trim
 from partune.core.scopes import SEScope
-from partune.model_rewrites import normalise
-from partune.onnx_folding import explicit_conv_pads, fold_onnx_shapes
-from partune.runners.builder import flatten_outputs
-from partune.runners.memory import trim
-from partune.runners.protocol import random_array
+from partune.core.tensors import flatten_outputs, random_array
+from partune.frontend.onnx_folding import explicit_conv_pads, fold_onnx_shapes
+from partune.frontend.pipeline import PassRun, check_pass_names, normalise
 
 SEED = 0
 
@@ -49,6 +48,7 @@ class Model:
     onnx_sha256: str | None = None  # of ``onnx_bytes``: a model-file plan runs this file only
     hints: dict[str, SEScope] = field(default_factory=dict)  # var name -> R.hint_on_device scope
     assumed: list[str] = field(default_factory=list)  # input dimensions the file left open
+    passes: list[PassRun] = field(default_factory=list)  # what each import pass did
     graph: DataflowGraph = field(init=False)
 
     def __post_init__(self) -> None:
@@ -98,7 +98,7 @@ def _strip_hints(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, SEScope]]:
     return mod, mutator.hints
 
 
-def _from_torch(name: str, module, args: tuple, source: str, recipe: dict) -> Model:
+def _from_torch(name: str, module, args: tuple, source: str, recipe: dict, disabled: tuple[str, ...]) -> Model:
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -111,27 +111,28 @@ def _from_torch(name: str, module, args: tuple, source: str, recipe: dict) -> Mo
         mod = from_exported_program(ep)
     except Exception as e:  # the frontend raises many kinds
         raise ModelError(f"cannot import {name} to Relax: {str(e).splitlines()[-1][:200]}") from e
-    return Model(name, normalise(mod), [a.numpy() for a in args], reference, source, module, recipe)
+    mod, passes = normalise(mod, disabled)
+    return Model(name, mod, [a.numpy() for a in args], reference, source, module, recipe, passes=passes)
 
 
-def load_zoo(name: str) -> Model:
-    from partune.zoo import ZOO, names
+def load_zoo(name: str, disabled: tuple[str, ...] = ()) -> Model:
+    from partune.frontend.zoo import ZOO, names
 
     if name not in ZOO:
         raise ModelError(f"unknown model '{name}': not a file and not in the zoo "
                          f"({', '.join(names())})")
     entry = ZOO[name]
-    return _from_torch(name, entry.build(), entry.inputs(), "torch eager", {"zoo": name})
+    return _from_torch(name, entry.build(), entry.inputs(), "torch eager", {"zoo": name}, disabled)
 
 
 def _random_input(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
     return random_array(shape, dtype, np.random.default_rng(seed))
 
 
-def load_pt2(path: Path) -> Model:
+def load_pt2(path: Path, disabled: tuple[str, ...] = ()) -> Model:
     import torch
 
-    from partune.runners.peers import load_program
+    from partune.frontend.exported_program import load_program
 
     try:
         data = path.read_bytes()
@@ -147,7 +148,7 @@ def load_pt2(path: Path) -> Model:
         inputs = tuple(torch.from_numpy(_random_input(tuple(m.shape), str(m.dtype).removeprefix("torch."), SEED + i))
                        for i, m in enumerate(metas))
     recipe = {"pt2": base64.b64encode(data).decode()}
-    return _from_torch(path.stem, ep.module(), inputs, "torch eager (ExportedProgram)", recipe)
+    return _from_torch(path.stem, ep.module(), inputs, "torch eager (ExportedProgram)", recipe, disabled)
 
 
 def _read_onnx(path: Path):
@@ -230,7 +231,8 @@ def _frontend_failure(e: Exception) -> str:
     return why
 
 
-def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Model:
+def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None,
+              disabled: tuple[str, ...] = ()) -> Model:
     import hashlib
 
     import onnx
@@ -268,13 +270,14 @@ def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None
         raise ModelError(f"cannot import {path} to Relax: {_frontend_failure(e)}") from e
     del proto  # its weights are the module's constants now: one copy fewer while Relax normalises
     try:
-        mod = normalise(relax.transform.DecomposeOpsForInference()(mod))
-        return Model(path.stem, mod, inputs, reference, "onnxruntime", onnx_sha256=digest, assumed=assumed, **user)
+        mod, passes = normalise(relax.transform.DecomposeOpsForInference()(mod), disabled)
+        return Model(path.stem, mod, inputs, reference, "onnxruntime", onnx_sha256=digest, assumed=assumed,
+                     passes=passes, **user)
     except Exception as e:  # noqa: BLE001 - what Relax cannot type or fold is bad input here
         raise ModelError(f"cannot import {path} to Relax: {_frontend_failure(e)}") from e
 
 
-def load_tvmscript(path: Path) -> Model:
+def load_tvmscript(path: Path, disabled: tuple[str, ...] = ()) -> Model:
     # The parser takes the module itself; import lines around it are for Python only.
     text = "\n".join("" if re.match(r"(from|import)\s", line) else line
                      for line in path.read_text().splitlines())
@@ -297,7 +300,7 @@ def load_tvmscript(path: Path) -> Model:
     )
 
     mod, hints = _strip_hints(mod)
-    mod = normalise(mod)
+    mod, passes = normalise(mod, disabled)
     try:
         ex = compile_module(mod, tvm.target.Target({"kind": "llvm"}))
         vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -305,10 +308,10 @@ def load_tvmscript(path: Path) -> Model:
     except Exception as e:  # noqa: BLE001 - TVM raises many kinds
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise ModelError(f"cannot build TVMScript model {path} with TVM: {first[:200]}") from e
-    return Model(path.stem, mod, inputs, reference, "untuned TVM", hints=hints)
+    return Model(path.stem, mod, inputs, reference, "untuned TVM", hints=hints, passes=passes)
 
 
-LOADERS: dict[str, Callable[[Path], Model]] = {
+LOADERS: dict[str, Callable[[Path, tuple[str, ...]], Model]] = {
     ".onnx": load_onnx,
     ".pt2": load_pt2,
     ".py": load_tvmscript,
@@ -317,32 +320,34 @@ LOADERS: dict[str, Callable[[Path], Model]] = {
 }
 
 
-def load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Model:
+def load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
+         disabled_passes: Iterable[str] = ()) -> Model:
     """A zoo name or a path to an .onnx, .pt2 or TVMScript (.py/.tvmscript/.relax) file.
 
     ``input_shapes`` fixes an ONNX model's symbolic input dimensions (batch, sequence);
-    the other formats carry static shapes of their own.
+    the other formats carry static shapes of their own. ``disabled_passes`` names import
+    passes (``frontend.pipeline``) to leave out.
 
     An import's temporary copies (protobufs, onnxslim's rounds, the reference session) are
     handed back to the system before the search starts: they were half of the search
     process's resident size on BERT-768 at 2 layers (2.5 GB after loading, 1.3 GB trimmed).
     """
     try:
-        return _load(spec, input_shapes)
+        return _load(spec, input_shapes, check_pass_names(disabled_passes))
     finally:
         trim()
 
 
-def _load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None) -> Model:
+def _load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None, disabled: tuple[str, ...]) -> Model:
     path = Path(spec)
     if input_shapes and path.suffix != ".onnx":
         raise ModelError("--input-shape applies to ONNX models only (other formats have static shapes)")
     if path.suffix == ".onnx" and path.is_file():
-        return load_onnx(path, input_shapes)
+        return load_onnx(path, input_shapes, disabled)
     if path.suffix in LOADERS:
         if not path.is_file():
             raise ModelError(f"model file {spec} does not exist")
-        return LOADERS[path.suffix](path)
+        return LOADERS[path.suffix](path, disabled)
     if path.exists():
         raise ModelError(f"cannot tell the format of {spec}: use .onnx, .pt2, .py/.tvmscript/.relax")
-    return load_zoo(spec)
+    return load_zoo(spec, disabled)

@@ -1,4 +1,4 @@
-"""Fold the work that depends on no model input, once, at import.
+"""``FoldInputFree``: the work that depends on no model input, folded once, at import.
 
 The torch import builds attention masks and position ids from ``R.arange`` on every call
 (GPT-2: 34 int64 and bool bindings before the first layer). Relax's ``FoldConstant`` leaves
@@ -22,6 +22,7 @@ import tvm
 from tvm import relax
 
 from partune.core.tensors import known_shape
+from partune.frontend.passes.import_pass import ImportPass, with_main
 
 MAX_ELEMENTS = 1 << 20  # a folded value larger than this stays computed (4 MiB of f32)
 
@@ -87,22 +88,27 @@ def _evaluate(bindings: list[relax.VarBinding], wanted: list[relax.Var]) -> list
                 emitted[b.var] = bb.emit(rename.visit_expr(b.value))
             out = bb.emit_output(relax.Tuple([emitted[v] for v in wanted]))
         bb.emit_func_output(out)
-    ex = tvm.compile(bb.get(), target="llvm")
+    with tvm.transform.PassContext():  # a build of its own: not the pipeline's switches
+        ex = tvm.compile(bb.get(), target="llvm")
     vm = relax.VirtualMachine(ex, tvm.cpu())
     return [t.numpy() for t in vm["main"]()]
 
 
-def fold_input_free(mod: tvm.IRModule) -> tvm.IRModule:
+def fold_input_free(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     """``mod`` with every input-free value that input-dependent work reads made a constant
-    (unchanged when there is none, or when TVM cannot evaluate them)."""
+    (unchanged when there is none, or when TVM cannot evaluate them), and how many."""
     bindings, frontier = _plan(mod["main"])
     if not frontier:
-        return mod
+        return mod, 0
     try:
         values = _evaluate(bindings, frontier)
     except Exception:  # noqa: BLE001 - an op TVM cannot compile alone: leave the work at run time
-        return mod
+        return mod, 0
     consts = {v: relax.const(a, str(a.dtype)) for v, a in zip(frontier, values, strict=True)}
-    mod = mod.clone() if hasattr(mod, "clone") else mod
-    mod["main"] = _Substitute(consts).visit_expr(mod["main"])
-    return relax.transform.DeadCodeElimination(["main"])(mod)
+    mod = with_main(mod, _Substitute(consts).visit_expr(mod["main"]))
+    return relax.transform.DeadCodeElimination(["main"])(mod), len(consts)
+
+
+FOLD_INPUT_FREE = ImportPass("FoldInputFree", "work that reads no input (masks and positions "
+                             "from R.arange) computed once by TVM and made constants",
+                             fold_input_free)

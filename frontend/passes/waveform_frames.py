@@ -1,4 +1,4 @@
-"""A strided convolution over a one-channel signal as a matmul over frames.
+"""``WaveformFrames``: a strided convolution over a one-channel signal as a matmul over frames.
 
 wav2vec2's feature extractor (and HuBERT's, WavLM's, data2vec-audio's) opens with a
 ``Conv1d(1, C, kernel=10, stride=5)`` over the raw waveform, then a GroupNorm over time.
@@ -20,6 +20,7 @@ import tvm
 from tvm import relax
 
 from partune.core.tensors import known_shape
+from partune.frontend.passes.import_pass import ImportPass, on_main
 
 
 def _plain(attrs) -> bool:
@@ -30,8 +31,14 @@ def _plain(attrs) -> bool:
 
 
 @relax.expr_functor.mutator
-class WaveformFrames(relax.PyExprMutator):
-    """Every strided one-input-channel ``conv1d`` made a matmul over frames (see the module docstring)."""
+class _Frames(relax.PyExprMutator):
+    """Every strided one-input-channel ``conv1d`` made a matmul over frames (see the module
+    docstring). A mutator: the frames are bindings shared by every slice, which a pattern's
+    one replacement expression would compute once per slice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rewrites = 0
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
@@ -45,6 +52,7 @@ class WaveformFrames(relax.PyExprMutator):
         if s < 2 or k % s or t < k:
             return call
         frames_per_patch, steps = k // s, (t - k) // s + 1
+        self.rewrites += 1
         bb = self.builder_
         kept = steps - 1 + frames_per_patch  # the frames the patches read
         frames = bb.emit(relax.op.reshape(bb.emit(relax.op.strided_slice(x, [2], [0], [kept * s])), [n, kept, s]))
@@ -53,3 +61,8 @@ class WaveformFrames(relax.PyExprMutator):
         weights = relax.const(w.value.numpy().reshape(c, k))
         columns = bb.emit(relax.op.permute_dims(patches, [0, 2, 1]))  # [n, k, steps]
         return relax.op.matmul(weights, columns, out_dtype=call.attrs.out_dtype)
+
+
+WAVEFORM_FRAMES = ImportPass("WaveformFrames", "a strided one-channel conv1d over a waveform "
+                             "(wav2vec2's first layer) as a matmul over frames",
+                             on_main(_Frames))
