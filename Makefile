@@ -22,9 +22,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
+# ruff, the layer contract (type-only imports counted), and the architecture test: every
+# module placed, no circles, no private names reached, modules and functions short.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q tests/test_architecture.py
 
 # The emitted plan against onnxruntime, OpenVINO and torch.compile, zoo + ONNX exports, at one
 # thread and at every core, then the held-out architectures on their own (hours); last, each

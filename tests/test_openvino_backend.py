@@ -79,7 +79,7 @@ def test_compiled_model_runs_in_f32_on_one_thread(backend: OpenVinoBackend) -> N
 
 
 def test_set_threads_sets_the_core_default(backend: OpenVinoBackend) -> None:
-    core = ovb._core()
+    core = ovb.openvino_core()
     try:
         backend.set_threads(2)
         assert core.get_property("CPU", "INFERENCE_NUM_THREADS") == 2
