@@ -62,3 +62,10 @@ class _Bf16Mutator(relax.PyExprMutator):
 def function_in_bf16(func: relax.Function) -> relax.Function:
     """Every matmul and convolution of ``func`` in bf16 (``in_bf16``); its signature unchanged."""
     return _Bf16Mutator().visit_expr(func)
+
+
+@relax.transform.function_pass(opt_level=0, name="ComputeInBf16")
+def compute_in_bf16(func: relax.Function, _mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> relax.Function:
+    """``function_in_bf16`` as a named TVM pass over every Relax function of a module (a bf16
+    region lifted on its own, or a whole model a user wants computed so)."""
+    return function_in_bf16(func)

@@ -113,8 +113,17 @@ def check_version(data: dict[str, Any]) -> None:
                             "searching machine and the measuring one)")
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Request(_Message):
+    """What every request carries besides its own fields, set by the runner that sends it: the
+    threads it runs with, and the backends' settings (None: as the handling process has them)."""
+
+    threads: int = 1
+    settings: Settings | None = None
+
+
 @dataclass(frozen=True)
-class RegionRequest(_Message):
+class RegionRequest(_Request):
     """Measure one region in isolation: ``function`` of ``module`` (TVM JSON) on ``scope``.
 
     Or, with ``module_file`` (and ``module`` empty), the region of ``nodes`` of that whole
@@ -136,14 +145,12 @@ class RegionRequest(_Message):
     inputs: tuple[str, ...] | None = None
     build_cache: str | None = None
     build_cache_once: bool = False
-    threads: int = 1
-    settings: Settings | None = None  # None: as the process that handles it has them
     module_file: str | None = None
     nodes: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
-class TuneRequest(_Message):
+class TuneRequest(_Request):
     """Tune one region for its (autotuned) backend, where it will be measured."""
 
     kind: ClassVar[str] = "tune"
@@ -154,12 +161,10 @@ class TuneRequest(_Message):
     function: str
     trials: int
     timeout_s: float
-    threads: int = 1
-    settings: Settings | None = None  # None: as the process that handles it has them
 
 
 @dataclass(frozen=True)
-class PlanRequest(_Message):
+class PlanRequest(_Request):
     """Build the whole model (``module``, TVM JSON, or ``module_file``) under ``plan`` and time it
     end to end.
 
@@ -175,12 +180,10 @@ class PlanRequest(_Message):
     protocol: Protocol = field(default_factory=Protocol)
     fresh: bool = False
     module_file: str | None = None  # a local worker reads the model here (``module`` is then "")
-    threads: int = 1
-    settings: Settings | None = None  # None: as the process that handles it has them
 
 
 @dataclass(frozen=True)
-class CompareRequest(_Message):
+class CompareRequest(_Request):
     """Time contenders in one process, interleaved: plans, and peers (``partune.runners.peers`` specs)."""
 
     kind: ClassVar[str] = "compare"
@@ -190,12 +193,10 @@ class CompareRequest(_Message):
     inputs: tuple[str, ...]
     rounds: int = 5
     module_file: str | None = None  # a local worker reads the model here (``module`` is then "")
-    threads: int = 1
-    settings: Settings | None = None  # None: as the process that handles it has them
 
 
 @dataclass(frozen=True)
-class BuildRequest(_Message):
+class BuildRequest(_Request):
     """Build a region into ``build_cache`` (a build pool's worker); nothing is timed."""
 
     kind: ClassVar[str] = "build"
@@ -205,8 +206,6 @@ class BuildRequest(_Message):
     module: str
     function: str
     build_cache: str
-    threads: int = 1
-    settings: Settings | None = None  # None: as the process that handles it has them
     module_file: str | None = None  # as in ``RegionRequest``
     nodes: tuple[int, ...] | None = None
 
@@ -218,7 +217,7 @@ class BuildRequest(_Message):
 
 
 @dataclass(frozen=True)
-class CaptureRequest(_Message):
+class CaptureRequest(_Request):
     """Run the whole model (``module_file``, as ``partune.runners.module_file`` wrote it) once on
     ``inputs`` and write every value it computes inside into ``out_file`` (``partune.runners.capture``).
 
@@ -232,8 +231,6 @@ class CaptureRequest(_Message):
     backends: tuple[str, ...]
     out_file: str
     module_file: str | None = None  # a local worker reads the model here (``module`` is then "")
-    threads: int = 1
-    settings: Settings | None = None  # None: as the process that handles it has them
 
 
 @dataclass(frozen=True)

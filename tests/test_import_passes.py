@@ -217,3 +217,16 @@ def test_an_unknown_pass_name_is_a_one_line_error():
 
     with pytest.raises(PartuneError, match="no import pass named Nope"):
         pipeline.normalise(_pool_then_cast(), disabled=["Nope"])
+
+
+def test_compute_in_bf16_casts_matmul_operands_and_keeps_an_f32_result():
+    from partune.core.bf16 import compute_in_bf16
+
+    params = [("a", (2, 3), "float32"), ("b", (3, 4), "float32")]
+    out = compute_in_bf16(_module(params, lambda bb, a: relax.op.add(bb.emit(relax.op.matmul(a[0], a[1])),
+                                                                     relax.const(1.0))))
+    want = _module(params, lambda bb, a: relax.op.add(bb.emit(relax.op.matmul(
+        bb.emit(relax.op.astype(a[0], "bfloat16")), bb.emit(relax.op.astype(a[1], "bfloat16")),
+        out_dtype="float32")), relax.const(1.0)))
+    tvm.ir.assert_structural_equal(out, want)
+    assert compute_in_bf16.info.name == "ComputeInBf16"
