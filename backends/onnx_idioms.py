@@ -18,6 +18,10 @@ InstanceNormalization): the importer spells it mean, subtract, variance, add eps
 divide, scale, shift; literally that is eight passes over the activation where ORT's kernel
 makes two (wav2vec2: 116 us vs 280 us, 3.7% of the model). And for a ConvTranspose's bias,
 which the import splits into an add that ORT, unlike a Conv's, does not fold back.
+
+HardSwish and the HardSwish-shaped HardSigmoid (``clip(x + 3, 0, 6) / 6``, as both of TVM's
+importers spell them) are onnxscript's own rules (``fuse_hardswish_rules``); the rewrites
+below are the ones onnxscript has no rule for, each saying so in its docstring.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
+import onnxscript.rewriter
 from onnx import helper, numpy_helper
+from onnxscript.rewriter.rules.common import fuse_hardswish_rules
 
 Rewrite = Callable[["_View", onnx.NodeProto], bool]
 
@@ -113,65 +119,25 @@ def _clip_bounds(view: _View, node: onnx.NodeProto) -> tuple[float, float] | Non
     return None if lo is None or hi is None else (lo, hi)
 
 
-def _relu6_of_plus3(view: _View, name: str) -> tuple[str, list[onnx.NodeProto]] | None:
-    """``clip(x + 3, 0, 6)``: returns x and the two nodes."""
-    clip = view.made_by(name, "Clip")
-    if clip is None or _clip_bounds(view, clip) != (0.0, 6.0):
-        return None
-    add = view.made_by(clip.input[0], "Add")
-    if add is None or (s := view.split(add)) is None or s[1] != 3.0:
-        return None
-    return s[0], [clip, add]
-
-
 def _hard_sigmoid(view: _View, node: onnx.NodeProto) -> bool:
-    """``clip(a*x + b, 0, 1)`` and ``clip(x + 3, 0, 6) / 6`` become HardSigmoid."""
-    if node.op_type == "Clip" and _clip_bounds(view, node) == (0.0, 1.0):
-        add = view.made_by(node.input[0], "Add")
-        if add is None or (s := view.split(add)) is None:
-            return False
-        mul = view.made_by(s[0], "Mul")
-        if mul is None or (m := view.split(mul)) is None:
-            return False
-        view.replace([node, add, mul], helper.make_node(
-            "HardSigmoid", [m[0]], [node.output[0]], alpha=m[1], beta=s[1]))
-        return True
-    if node.op_type in ("Div", "Mul") and (s := view.split(node)) is not None:
-        scale = 1.0 / s[1] if node.op_type == "Div" else s[1]
-        if not np.isclose(scale, 1.0 / 6.0, rtol=1e-6) or (r := _relu6_of_plus3(view, s[0])) is None:
-            return False
-        x, chain = r
-        view.replace([node, *chain], helper.make_node(
-            "HardSigmoid", [x], [node.output[0]], alpha=1.0 / 6.0, beta=0.5))
-        return True
-    return False
-
-
-def _hard_swish(view: _View, node: onnx.NodeProto) -> bool:
-    """``x * hardsigmoid(x; 1/6, 1/2)`` and ``x * clip(x + 3, 0, 6) / 6`` become HardSwish."""
-    if node.op_type == "Mul":
-        for x, other in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
-            hs = view.made_by(other, "HardSigmoid")
-            if hs is None or hs.input[0] != x:
-                continue
-            attrs = {a.name: a.f for a in hs.attribute}
-            if np.isclose(attrs.get("alpha", 0.2), 1 / 6, rtol=1e-6) and np.isclose(attrs.get("beta", 0.5), 0.5):
-                view.replace([node, hs], helper.make_node("HardSwish", [x], [node.output[0]]))
-                return True
-    if node.op_type == "Div" and (s := view.split(node)) is not None and s[1] == 6.0:
-        mul = view.made_by(s[0], "Mul")
-        if mul is None:
-            return False
-        for x, other in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
-            r = _relu6_of_plus3(view, other)
-            if r is not None and r[0] == x:
-                view.replace([node, mul, *r[1]], helper.make_node("HardSwish", [x], [node.output[0]]))
-                return True
-    return False
+    """``clip(a*x + b, 0, 1)`` becomes HardSigmoid(a, b): how TVM's ONNX importer spells any
+    HardSigmoid; onnxscript's HardSigmoidFusion knows only the ``clip(x + 3, 0, 6) / 6`` form."""
+    if node.op_type != "Clip" or _clip_bounds(view, node) != (0.0, 1.0):
+        return False
+    add = view.made_by(node.input[0], "Add")
+    if add is None or (s := view.split(add)) is None:
+        return False
+    mul = view.made_by(s[0], "Mul")
+    if mul is None or (m := view.split(mul)) is None:
+        return False
+    view.replace([node, add, mul], helper.make_node(
+        "HardSigmoid", [m[0]], [node.output[0]], alpha=m[1], beta=s[1]))
+    return True
 
 
 def _global_pool(view: _View, node: onnx.NodeProto) -> bool:
-    """A mean (max) over every spatial axis, dims kept, becomes GlobalAverage(Max)Pool."""
+    """A mean (max) over every spatial axis, dims kept, becomes GlobalAverage(Max)Pool
+    (onnxscript has no ReduceMean-to-pool rule)."""
     op = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}.get(node.op_type)
     if op is None or len(node.input) != 1:
         return False
@@ -214,7 +180,8 @@ def _channel_vector(view: _View, name: str, x_shape: tuple[int, ...]) -> np.ndar
 
 def _instance_norm(view: _View, node: onnx.NodeProto) -> bool:
     """``(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps)``, means over the spatial axes, then
-    optionally ``* scale + shift`` with per-channel constants, becomes InstanceNormalization."""
+    optionally ``* scale + shift`` with per-channel constants, becomes InstanceNormalization
+    (onnxscript has no normalisation-from-its-parts rule)."""
     if node.op_type != "Div":
         return False
     centred, denom = node.input
@@ -275,7 +242,9 @@ def _const_operand(view: _View, node: onnx.NodeProto, value: str) -> str | None:
 def _batch_norm(view: _View, node: onnx.NodeProto) -> bool:
     """``(x - mean) / std [* gamma] [+ beta]`` with per-channel constants (std > 0) becomes
     BatchNormalization(x, gamma, beta, mean, std^2, epsilon=0): inference batch norm as
-    Relax's DecomposeOpsForInference leaves it (sqrt(var + eps) folded into std)."""
+    Relax's DecomposeOpsForInference leaves it (sqrt(var + eps) folded into std). onnxscript's
+    ``fuse_batchnorm_into_conv`` goes the other way (a BN into the conv before it); here no
+    conv precedes, and ORT wants the BatchNormalization op itself."""
     if node.op_type != "Sub":
         return False
     x, m_name = node.input
@@ -309,7 +278,8 @@ def _batch_norm(view: _View, node: onnx.NodeProto) -> bool:
 def _conv_transpose_bias(view: _View, node: onnx.NodeProto) -> bool:
     """ConvTranspose then ``+ bias`` per output channel becomes ConvTranspose with its bias
     input, as the user's file had it: ORT folds a Conv's bias add but not a ConvTranspose's
-    (a U-Net's decoder paid an extra pass over each upsampled map, 1.03x the file)."""
+    (a U-Net's decoder paid an extra pass over each upsampled map, 1.03x the file).
+    onnxscript's ``remove_optional_bias`` rules only drop an all-zero bias; none adds one."""
     if node.op_type != "ConvTranspose" or len(node.input) != 2:
         return False
     weight = view.array(node.input[1])
@@ -327,17 +297,18 @@ def _conv_transpose_bias(view: _View, node: onnx.NodeProto) -> bool:
     return True
 
 
-REWRITES: tuple[Rewrite, ...] = (_hard_sigmoid, _hard_swish, _instance_norm, _batch_norm, _global_pool,
-                                 _conv_transpose_bias)
+REWRITES: tuple[Rewrite, ...] = (_hard_sigmoid, _instance_norm, _batch_norm, _global_pool, _conv_transpose_bias)
 
 
 def fuse_idioms(model: onnx.ModelProto, ranks: dict[str, int],
                 shapes: dict[str, tuple[int, ...]] | None = None) -> onnx.ModelProto:
-    """``model`` with the chains above replaced by their fused ops (in place, returned).
+    """``model`` with the chains above replaced by their fused ops (the graph is edited in place;
+    the model returned may be a new one, and is the one to use).
 
     ``ranks`` gives the rank of each value, ``shapes`` the static shape of those the
-    translator knows (InstanceNormalization needs the channel count). Rewrites run to a
-    fixed point: a HardSigmoid made by one is what HardSwish's rewrite looks for.
+    translator knows (InstanceNormalization needs the channel count). Partune's rewrites run
+    to a fixed point first, then onnxscript's HardSwish rules: a HardSigmoid(1/6, 1/2) made by
+    ours is what onnxscript's HardSwishFusionFromHardSigmoid looks for.
     """
     view = _View(model.graph, ranks, shapes)
     changed, rewrote = True, False
@@ -354,4 +325,6 @@ def fuse_idioms(model: onnx.ModelProto, ranks: dict[str, int],
         if len(live) != len(model.graph.initializer):
             del model.graph.initializer[:]
             model.graph.initializer.extend(live)
+    if any(n.op_type in ("Clip", "HardSigmoid") for n in model.graph.node):  # else skip the IR round trip
+        model = onnxscript.rewriter.rewrite(model, fuse_hardswish_rules())
     return model
