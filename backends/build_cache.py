@@ -56,13 +56,14 @@ def request_key(req: dict) -> str:
     """The key of a region request's build: module JSON, function, SEScope and backend; for a
     region of a whole model's file (``partune.runners.module_file``), the file as it is now
     and the region's nodes instead of the JSON."""
-    file = req.get("module_file")
+    module = req["module"]  # ``partune.runners.protocol.ModelRef``'s JSON
+    file = module.get("file")
     stamp = None
     if file:
         st = os.stat(file)
-        stamp = (file, st.st_mtime_ns, st.st_size, req.get("nodes"))
+        stamp = (file, st.st_mtime_ns, st.st_size, module.get("nodes"))
     return _digest(FORMAT, req["backend"], req["function"], req["scope"], *([stamp] if stamp else []),
-                   data=req["module"])
+                   data=module.get("text", ""))
 
 
 @functools.cache

@@ -394,4 +394,4 @@ class Lookahead(Generic[K]):
 
 def _size(req: RegionRequest) -> int:
     """What a request holds in memory, about: its module text and its encoded inputs."""
-    return len(req.module) + sum(len(a) for a in req.inputs or ())
+    return req.module.size + sum(len(a) for a in req.inputs or ())

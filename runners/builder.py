@@ -24,6 +24,7 @@ from partune.core.tensors import flatten_outputs
 from partune.runners.protocol import (
     CaptureRequest,
     CompareRequest,
+    ModelRef,
     PlanRequest,
     RegionRequest,
     TuneRequest,
@@ -143,12 +144,11 @@ def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ..
     nodes = tuple(sorted(nodes))
     func, args = _lift(mod, graph, nodes)
     arrays = region_inputs(args, values) if values is not None else None
-    text = "" if model_file is not None else tvm.ir.save_json(tvm.IRModule({"region": func}))
-    return RegionRequest(scope.backend, scope, text, "region", Protocol(**(protocol or {})),
+    module = (ModelRef(file=str(model_file), nodes=nodes) if model_file is not None
+              else ModelRef(text=tvm.ir.save_json(tvm.IRModule({"region": func}))))
+    return RegionRequest(scope.backend, scope, module, "region", Protocol(**(protocol or {})),
                          build_cache=build_cache or None,
-                         inputs=tuple(encode_array(a) for a in arrays) if arrays is not None else None,
-                         module_file=str(model_file) if model_file is not None else None,
-                         nodes=nodes if model_file is not None else None)
+                         inputs=tuple(encode_array(a) for a in arrays) if arrays is not None else None)
 
 
 def region_module(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...]) -> tvm.IRModule:
@@ -179,30 +179,23 @@ def plan_request(model: str | Path, plan: Plan, inputs: list[np.ndarray],
     ``fresh``: measure in a new worker process, so the peak memory reported is this
     plan's alone (a local runner restarts its worker; slower by the worker's start-up).
     """
-    text, file = _module_fields(model)
-    return PlanRequest(text, plan, tuple(encode_array(a) for a in inputs), Protocol(**(protocol or {})), fresh,
-                       module_file=file)
+    return PlanRequest(ModelRef.of(model), plan, tuple(encode_array(a) for a in inputs),
+                       Protocol(**(protocol or {})), fresh)
 
 
 def compare_request(model: str | Path, plans: dict[str, Plan], peers: dict[str, dict],
                     inputs: list[np.ndarray], rounds: int = 5) -> CompareRequest:
     """A request to time plans and peers (``partune.runners.peers`` specs) in one process,
     interleaved; ``model`` as for ``plan_request``."""
-    text, file = _module_fields(model)
     contenders: dict[str, Plan | dict] = {**plans, **peers}
-    return CompareRequest(text, contenders, tuple(encode_array(a) for a in inputs), rounds, module_file=file)
+    return CompareRequest(ModelRef.of(model), contenders, tuple(encode_array(a) for a in inputs), rounds)
 
 
 def capture_request(model: str | Path, inputs: list[np.ndarray], backends: list[str], out_file: Path) -> CaptureRequest:
     """A request to capture the values the model computes inside on ``inputs`` into ``out_file``
     (``partune.runners.capture``); ``model`` as for ``plan_request``."""
-    text, file = _module_fields(model)
-    return CaptureRequest(text, tuple(encode_array(a) for a in inputs), tuple(backends), str(out_file), module_file=file)
-
-
-def _module_fields(model: str | Path) -> tuple[str, str | None]:
-    """A request's ``module`` and ``module_file``: the text, or "" and the file."""
-    return ("", str(model)) if isinstance(model, Path) else (model, None)
+    return CaptureRequest(ModelRef.of(model), tuple(encode_array(a) for a in inputs), tuple(backends),
+                          str(out_file))
 
 
 def calibration_module() -> tvm.IRModule:
@@ -218,5 +211,5 @@ def calibration_module() -> tvm.IRModule:
 
 def overhead_request(scope: SEScope, protocol: dict | None = None) -> RegionRequest:
     """A request timing the calibration model's only node as an isolated region on ``scope``."""
-    return RegionRequest(scope.backend, scope, tvm.ir.save_json(calibration_module()), "main",
+    return RegionRequest(scope.backend, scope, ModelRef(text=tvm.ir.save_json(calibration_module())), "main",
                          Protocol(**(protocol or {})))

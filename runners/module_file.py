@@ -25,6 +25,7 @@ from partune.runners.protocol import (
     BuildRequest,
     CaptureRequest,
     CompareRequest,
+    ModelRef,
     PlanRequest,
     RegionRequest,
     Request,
@@ -111,14 +112,15 @@ def bind_constants(mod: Any, params: dict[str, Any]) -> Any:
 def inlined(request: Request) -> Request:
     """``request`` with the files it names inlined, for a worker elsewhere: the model's text (a
     region's: its region's), and the peers' ONNX files (``partune.runners.peers``) as base64."""
-    if isinstance(request, (PlanRequest, CompareRequest, CaptureRequest)) and request.module_file is not None:
+    file = getattr(request, "module", None) and request.module.file  # type: ignore[union-attr]
+    if isinstance(request, (PlanRequest, CompareRequest, CaptureRequest)) and file is not None:
         import tvm
 
-        request = replace(request, module=tvm.ir.save_json(read(request.module_file)), module_file=None)
-    if isinstance(request, RegionRequest) and request.module_file is not None:
+        request = replace(request, module=ModelRef(text=tvm.ir.save_json(read(file))))
+    if isinstance(request, RegionRequest) and file is not None:
         import tvm
 
-        request = replace(request, module=tvm.ir.save_json(region(request)), module_file=None, nodes=None)
+        request = replace(request, module=ModelRef(text=tvm.ir.save_json(region(request))))
     if isinstance(request, CompareRequest) and any(isinstance(c, dict) and "onnx_file" in c
                                                    for c in request.contenders.values()):
         request = replace(request, contenders={label: _inline_onnx(c) for label, c in request.contenders.items()})
@@ -137,9 +139,9 @@ def load(request: PlanRequest | CompareRequest | CaptureRequest) -> Any:
     are unchanged) or from its text."""
     import tvm
 
-    if request.module_file is None:
-        return tvm.ir.load_json(request.module)
-    return _cached(request.module_file)["mod"]
+    if request.module.file is None:
+        return tvm.ir.load_json(request.module.text)
+    return _cached(request.module.file)["mod"]
 
 
 def with_graph(request: CaptureRequest | RegionRequest | BuildRequest) -> tuple[Any, Any]:
@@ -147,10 +149,10 @@ def with_graph(request: CaptureRequest | RegionRequest | BuildRequest) -> tuple[
     the file is unchanged (a capture and every region lifted from the model share them)."""
     from partune.core.graph import DataflowGraph
 
-    if request.module_file is None:
+    if request.module.file is None:
         mod = load(request)  # type: ignore[arg-type]
         return mod, DataflowGraph.from_function(mod["main"])
-    model = _cached(request.module_file)
+    model = _cached(request.module.file)
     if "graph" not in model:
         model["graph"] = DataflowGraph.from_function(model["mod"]["main"])
     return model["mod"], model["graph"]
@@ -161,8 +163,8 @@ def region(request: RegionRequest | BuildRequest) -> Any:
     file: lifted here from the model (``partune.runners.builder.region_module``)."""
     from partune.runners.builder import region_module
 
-    assert request.module_file is not None and request.nodes is not None
-    return region_module(*with_graph(request), request.nodes)
+    assert request.module.file is not None and request.module.nodes is not None
+    return region_module(*with_graph(request), request.module.nodes)
 
 
 def _cached(path: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import base64
 import io
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import numpy as np
@@ -50,7 +51,7 @@ _SAME: _Codec = (lambda v: v, lambda v: v)
 _SCOPE: _Codec = (SEScope.to_json, SEScope.from_json)
 _PROTOCOL: _Codec = (asdict, lambda d: Protocol(**d))
 _ARRAYS: _Codec = (list, tuple)  # base64 .npy texts (``encode_array``)
-_TUPLE: _Codec = (list, tuple)  # node indices, backend names
+_TUPLE: _Codec = (list, tuple)  # backend names
 _PLAN: _Codec = (Plan.to_json, Plan.from_json)
 _SETTINGS: _Codec = (Settings.to_json, Settings.from_json)
 _MEASUREMENT: _Codec = (Measurement.to_json, lambda d: Measurement(**d))
@@ -70,7 +71,51 @@ _CONTENDERS: _Codec = (lambda cs: {label: _contender_to_json(c) for label, c in 
                        lambda d: {label: _contender_from_json(c) for label, c in d.items()})
 
 
-PROTOCOL_VERSION = 2
+@dataclass(frozen=True)
+class ModelRef:
+    """The model a request is about, given one of two ways: ``text``, its ``tvm.ir.save_json``
+    carried in the request (what a worker on another machine needs), or ``file``, a file that a
+    worker on this machine reads (``partune.runners.module_file``), so that no request carries
+    weights as text. With ``file``, ``nodes`` names the region of its main that the worker
+    lifts itself (region and build requests).
+    """
+
+    text: str | None = None
+    file: str | None = None
+    nodes: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.file is None):
+            raise ProtocolError("a model reference holds either the model's text or its file, not both or neither")
+        if self.nodes is not None and self.file is None:
+            raise ProtocolError("a model reference names nodes only of a model's file")
+
+    @classmethod
+    def of(cls, model: str | Path) -> ModelRef:
+        """The reference to ``model``: a ``Path`` is a file, a string the model's text."""
+        return cls(file=str(model)) if isinstance(model, Path) else cls(text=model)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"text": self.text} if self.text is not None else {"file": self.file}
+        return out | ({"nodes": list(self.nodes)} if self.nodes is not None else {})
+
+    @classmethod
+    def from_json(cls, data: Any) -> ModelRef:
+        if not isinstance(data, dict) or set(data) - {"text", "file", "nodes"}:
+            raise ProtocolError(f"not a model reference: {str(data)[:80]}")
+        nodes = data.get("nodes")
+        return cls(data.get("text"), data.get("file"), tuple(nodes) if nodes is not None else None)
+
+    @property
+    def size(self) -> int:
+        """The characters the reference holds (a file's: its name only)."""
+        return len(self.text if self.text is not None else self.file or "")
+
+
+_MODEL: _Codec = (ModelRef.to_json, ModelRef.from_json)
+
+
+PROTOCOL_VERSION = 3
 """The wire format's version, in every message. A worker of another Partune (an RPC server
 not upgraded with the search) refuses a message of another version with a line naming both,
 instead of misreading it. Raise it with any change a reader of the old format would misread."""
@@ -118,35 +163,32 @@ class _Request(_Message):
     """What every request carries besides its own fields, set by the runner that sends it: the
     threads it runs with, and the backends' settings (None: as the handling process has them)."""
 
+    _codecs: ClassVar[dict[str, _Codec]] = {"module": _MODEL, "settings": _SETTINGS}
     threads: int = 1
     settings: Settings | None = None
 
 
 @dataclass(frozen=True)
 class RegionRequest(_Request):
-    """Measure one region in isolation: ``function`` of ``module`` (TVM JSON) on ``scope``.
-
-    Or, with ``module_file`` (and ``module`` empty), the region of ``nodes`` of that whole
-    model's file (``partune.runners.module_file``), which the worker lifts itself: a request
-    then carries no weights (a BERT-768 layer is 16 MB of JSON, made and parsed per request).
+    """Measure one region in isolation on ``scope``: ``function`` of ``module``'s text, or the
+    region of ``module.nodes`` of the whole model's file (``partune.runners.module_file``), which
+    the worker lifts itself: such a request carries no weights (a BERT-768 layer is 16 MB of
+    JSON, made and parsed per request).
     ``inputs``: what the region reads inside the model (else the worker draws random ones).
     ``build_cache``: a directory where a build pool may have built it (``build_cache_once``:
     remove the entry once loaded). ``threads`` and ``settings`` are set by the runner.
     """
 
     kind: ClassVar[str] = "region"
-    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "protocol": _PROTOCOL, "inputs": _ARRAYS,
-                                            "settings": _SETTINGS, "nodes": _TUPLE}
+    _codecs = _Request._codecs | {"scope": _SCOPE, "protocol": _PROTOCOL, "inputs": _ARRAYS}
     backend: str
     scope: SEScope
-    module: str
+    module: ModelRef
     function: str
     protocol: Protocol = field(default_factory=Protocol)
     inputs: tuple[str, ...] | None = None
     build_cache: str | None = None
     build_cache_once: bool = False
-    module_file: str | None = None
-    nodes: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -154,10 +196,10 @@ class TuneRequest(_Request):
     """Tune one region for its (autotuned) backend, where it will be measured."""
 
     kind: ClassVar[str] = "tune"
-    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "settings": _SETTINGS}
+    _codecs = _Request._codecs | {"scope": _SCOPE}
     backend: str
     scope: SEScope
-    module: str
+    module: ModelRef
     function: str
     trials: int
     timeout_s: float
@@ -165,21 +207,18 @@ class TuneRequest(_Request):
 
 @dataclass(frozen=True)
 class PlanRequest(_Request):
-    """Build the whole model (``module``, TVM JSON, or ``module_file``) under ``plan`` and time it
-    end to end.
+    """Build the whole model under ``plan`` and time it end to end.
 
     ``fresh``: in a new worker process, so the peak memory reported is this plan's alone.
     """
 
     kind: ClassVar[str] = "plan"
-    _codecs: ClassVar[dict[str, _Codec]] = {"plan": _PLAN, "inputs": _ARRAYS, "protocol": _PROTOCOL,
-                                            "settings": _SETTINGS}
-    module: str
+    _codecs = _Request._codecs | {"plan": _PLAN, "inputs": _ARRAYS, "protocol": _PROTOCOL}
+    module: ModelRef
     plan: Plan
     inputs: tuple[str, ...]
     protocol: Protocol = field(default_factory=Protocol)
     fresh: bool = False
-    module_file: str | None = None  # a local worker reads the model here (``module`` is then "")
 
 
 @dataclass(frozen=True)
@@ -187,12 +226,11 @@ class CompareRequest(_Request):
     """Time contenders in one process, interleaved: plans, and peers (``partune.runners.peers`` specs)."""
 
     kind: ClassVar[str] = "compare"
-    _codecs: ClassVar[dict[str, _Codec]] = {"contenders": _CONTENDERS, "inputs": _ARRAYS, "settings": _SETTINGS}
-    module: str
+    _codecs = _Request._codecs | {"contenders": _CONTENDERS, "inputs": _ARRAYS}
+    module: ModelRef
     contenders: dict[str, Plan | dict[str, Any]]
     inputs: tuple[str, ...]
     rounds: int = 5
-    module_file: str | None = None  # a local worker reads the model here (``module`` is then "")
 
 
 @dataclass(frozen=True)
@@ -200,37 +238,32 @@ class BuildRequest(_Request):
     """Build a region into ``build_cache`` (a build pool's worker); nothing is timed."""
 
     kind: ClassVar[str] = "build"
-    _codecs: ClassVar[dict[str, _Codec]] = {"scope": _SCOPE, "settings": _SETTINGS, "nodes": _TUPLE}
+    _codecs = _Request._codecs | {"scope": _SCOPE}
     backend: str
     scope: SEScope
-    module: str
+    module: ModelRef
     function: str
     build_cache: str
-    module_file: str | None = None  # as in ``RegionRequest``
-    nodes: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, region: RegionRequest, build_cache: str) -> BuildRequest:
         """The build of ``region``'s kernel into ``build_cache``."""
-        return cls(region.backend, region.scope, region.module, region.function, build_cache,
-                   module_file=region.module_file, nodes=region.nodes)
+        return cls(region.backend, region.scope, region.module, region.function, build_cache)
 
 
 @dataclass(frozen=True)
 class CaptureRequest(_Request):
-    """Run the whole model (``module_file``, as ``partune.runners.module_file`` wrote it) once on
-    ``inputs`` and write every value it computes inside into ``out_file`` (``partune.runners.capture``).
+    """Run the whole model once on ``inputs`` and write every value it computes inside into ``out_file`` (``partune.runners.capture``).
 
     Captured in a worker, the whole-model build (a BERT-768 at 12 layers took the search process
     from 2.1 to 3.5 GB) and a crash in it are the worker's, not the search's."""
 
     kind: ClassVar[str] = "capture"
-    _codecs: ClassVar[dict[str, _Codec]] = {"inputs": _ARRAYS, "backends": _TUPLE, "settings": _SETTINGS}
-    module: str
+    _codecs = _Request._codecs | {"inputs": _ARRAYS, "backends": _TUPLE}
+    module: ModelRef
     inputs: tuple[str, ...]
     backends: tuple[str, ...]
     out_file: str
-    module_file: str | None = None  # a local worker reads the model here (``module`` is then "")
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,9 @@ def _region(req: RegionRequest | TuneRequest | BuildRequest):
     """The region function a region, tune or build request carries, or names in its model's file."""
     import tvm
 
-    if getattr(req, "module_file", None) is not None:
+    if req.module.file is not None:
         return module_file.region(req)[req.function]  # type: ignore[arg-type]
-    return tvm.ir.load_json(req.module)[req.function]
+    return tvm.ir.load_json(req.module.text)[req.function]
 
 
 def tune_region(req: TuneRequest) -> TuningReply:
@@ -259,7 +259,8 @@ _CURRENT: dict[str, _Comparison] = {}
 def _context_for(req: CompareRequest) -> _Comparison:
     import hashlib
 
-    model = req.module if req.module_file is None else f"{req.module_file}{os.stat(req.module_file)}"
+    file = req.module.file
+    model = req.module.text if file is None else f"{file}{os.stat(file)}"
     of = hashlib.sha256(f"{model}{req.inputs}{req.threads}".encode()).hexdigest()
     if of not in _CURRENT:
         _CURRENT.clear()

@@ -18,7 +18,7 @@ from partune.core.scopes import CompilationConfig
 from partune.core.tensors import static_shape, tensor_types
 from partune.runners.build_pool import BuildPool, Lookahead, available_cpus
 from partune.runners.local import LocalRunner
-from partune.runners.protocol import BuildRequest, RegionRequest
+from partune.runners.protocol import BuildRequest, ModelRef, RegionRequest
 from partune.runners.timing import Protocol
 from partune.runners.worker import handle
 
@@ -48,7 +48,7 @@ def scope_of(backend: str):
 
 def request(backend: str, cache: str | None = None, func: relax.Function | None = None) -> RegionRequest:
     func = func or conv_region()
-    return RegionRequest(backend, scope_of(backend), tvm.ir.save_json(tvm.IRModule({"region": func})),
+    return RegionRequest(backend, scope_of(backend), ModelRef(text=tvm.ir.save_json(tvm.IRModule({"region": func}))),
                          "region", Protocol(warmup=1, warmup_ms=1.0, repeat=2, min_repeat_ms=1.0),
                          build_cache=cache)
 
@@ -61,7 +61,7 @@ def run(kernel, func: relax.Function) -> list[np.ndarray]:
 
 
 def build(backend: str, req: RegionRequest, write: bool) -> tuple[object, build_cache.Entry]:
-    func = tvm.ir.load_json(req.module)["region"]
+    func = tvm.ir.load_json(req.module.text)["region"]
     entry = build_cache.entry_for(req.to_json(), write)
     with build_cache.active(entry):
         kernel = registry.get(backend).build_region(func, scope_of(backend), 1)
@@ -226,11 +226,11 @@ def test_lookahead_bounds_what_it_holds_by_size():
     sizes = {"a": 10, "b": 10, "big1": 100, "big2": 100, "c": 10, "d": 10}
     scope = scope_of("onnxruntime")
     pool = Pool()
-    ahead = Lookahead(pool, list(sizes), lambda k: RegionRequest("onnxruntime", scope, "x" * sizes[k], k),
+    ahead = Lookahead(pool, list(sizes), lambda k: RegionRequest("onnxruntime", scope, ModelRef(text="x" * sizes[k]), k),
                       window=8, max_bytes=120)
     served = []
     for key in sizes:
-        held = sum(len(r.module) for r in ahead._made.values())
+        held = sum(r.module.size for r in ahead._made.values())
         served.append(ahead.request(key).function)
         assert held <= 120 + 100  # the bound, plus at most the one request that crossed it
     assert served == list(sizes)

@@ -42,6 +42,7 @@ from partune.runners.protocol import (
     ErrorReply,
     MeasurementReply,
     MeasurementsReply,
+    ModelRef,
     ProtocolError,
     RegionRequest,
     TuningReply,
@@ -144,7 +145,7 @@ def _dict_request(mod, graph, nodes, scope, protocol, cache) -> dict:
     exits = [bindings[n].var for n in partition.region_exits(graph, set(nodes))]
     func, _, _ = partition.lift_region([bindings[n] for n in sorted(nodes)], exits, "region", {})
     return {"kind": "region", "backend": scope.backend, "scope": scope.to_json(),
-            "module": tvm.ir.save_json(tvm.IRModule({"region": func})), "function": "region",
+            "module": {"text": tvm.ir.save_json(tvm.IRModule({"region": func}))}, "function": "region",
             "protocol": protocol, "build_cache": cache}
 
 
@@ -239,7 +240,7 @@ def test_a_model_named_by_its_file_is_read_there_once_and_travels_as_text_to_a_r
     path = module_file.write(Diamond, tmp_path)
     plan = single_backend_plan("diamond", GRAPH, CONFIG, "onnxruntime", {0, 1})
     by_file = plan_request(path, plan, INPUTS, FAST)
-    assert by_file.module == "" and by_file.module_file == str(path)
+    assert by_file.module == ModelRef(file=str(path))
     assert request_from_json(_through_text(by_file.to_json())) == by_file
     assert len(json.dumps(by_file.to_json())) < len(path.read_text())
     assert isinstance(reply := _answer(by_file), MeasurementReply) and reply.measurement.ok, reply
@@ -251,7 +252,7 @@ def test_a_model_named_by_its_file_is_read_there_once_and_travels_as_text_to_a_r
     first = module_file.load(by_file)
     assert module_file.load(by_file) is first  # parsed once
     inlined = module_file.inlined(by_file)
-    assert inlined.module == tvm.ir.save_json(module_file.read(path)) and inlined.module_file is None
+    assert inlined.module == ModelRef(text=tvm.ir.save_json(module_file.read(path)))
     assert module_file.inlined(inlined) is inlined and module_file.inlined(requests()[0]) == requests()[0]
     path.write_text(tvm.ir.save_json(Chain))  # a file that changed is read again
     assert tvm.ir.save_json(module_file.load(by_file)) == tvm.ir.save_json(Chain)
@@ -273,17 +274,16 @@ def test_a_region_request_may_name_the_models_file_and_the_worker_lifts_the_regi
     by_text = region_request(model.mod, model.graph, (3, 4, 5), scope, FAST, values, build_cache="/c")
     by_file = region_request(model.mod, model.graph, (5, 4, 3), scope, FAST, values, build_cache="/c",
                              model_file=path)
-    assert by_file.module == "" and by_file.nodes == (3, 4, 5) and by_file.inputs == by_text.inputs
+    assert by_file.module == ModelRef(file=str(path), nodes=(3, 4, 5)) and by_file.inputs == by_text.inputs
     assert request_from_json(_through_text(by_file.to_json())) == by_file
     assert len(json.dumps(by_file.to_json())) < len(json.dumps(by_text.to_json())) / 4
     region = module_file.region(by_file)
-    tvm.ir.assert_structural_equal(region, tvm.ir.load_json(by_text.module), map_free_vars=True)
-    assert module_file.inlined(by_file) == replace(by_file, module=tvm.ir.save_json(region), module_file=None,
-                                                   nodes=None)
+    tvm.ir.assert_structural_equal(region, tvm.ir.load_json(by_text.module.text), map_free_vars=True)
+    assert module_file.inlined(by_file) == replace(by_file, module=ModelRef(text=tvm.ir.save_json(region)))
     key = build_cache.request_key(by_file.to_json())
     assert key != build_cache.request_key(by_text.to_json())
     assert key == build_cache.request_key(BuildRequest.of(by_file, "/c").to_json())
-    assert key != build_cache.request_key(replace(by_file, nodes=(3, 4)).to_json())
+    assert key != build_cache.request_key(replace(by_file, module=ModelRef(file=str(path), nodes=(3, 4))).to_json())
     for req in (replace(by_text, build_cache=None), replace(by_file, build_cache=None)):
         assert isinstance(reply := _answer(req), MeasurementReply) and reply.measurement.ok, reply
 
@@ -344,3 +344,15 @@ def test_a_message_of_another_wire_version_is_refused_naming_both():
         request_from_json(old)
     reply = reply_from_json(json.loads(handle_json(json.dumps(data | {"version": PROTOCOL_VERSION + 1}))))
     assert f"version {PROTOCOL_VERSION + 1}" in failure_of(reply) and len(failure_of(reply).splitlines()) == 1
+
+
+def test_a_model_reference_is_text_or_a_file_and_nodes_only_of_a_file():
+    assert ModelRef.of("{}") == ModelRef(text="{}") and ModelRef.of(Path("/m.json")) == ModelRef(file="/m.json")
+    region = ModelRef(file="/m.json", nodes=(1, 2))
+    assert ModelRef.from_json(json.loads(json.dumps(region.to_json()))) == region
+    for bad in ({}, {"text": "{}", "file": "/m.json"}, {"text": "{}", "nodes": [1]}, {"path": "/m.json"}, "{}"):
+        with pytest.raises(ProtocolError):
+            ModelRef.from_json(bad)
+    data = requests()[0].to_json()
+    with pytest.raises(ProtocolError, match="model reference"):
+        request_from_json(data | {"module": "{}"})  # the version-2 string, read as a reference
