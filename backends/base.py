@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from tvm import relax
 
     from partune.backends.settings import Settings
-    from partune.core.scopes import SEScope
+    from partune.core import SEScope
 
 
 class Level(StrEnum):

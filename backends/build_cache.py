@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from partune.backends.checksum import checksums, first_damaged
-from partune.core.versions import cpu_name
+from partune.core import cpu_name
 
 FORMAT = 2  # bump when what an entry holds changes
 MANIFEST = "manifest.json"

@@ -23,10 +23,10 @@ from tvm import relax
 from partune.backends import build_cache
 from partune.backends.base import Backend, BackendError, FusionStyle, Level
 from partune.backends.kernel import BoundKernel, Spec
-from partune.backends.relax_to_onnx import MIN_OPSET, relax_to_onnx
+from partune.backends.relax_onnx import MIN_OPSET, relax_to_onnx
 
 if TYPE_CHECKING:
-    from partune.core.scopes import SEScope
+    from partune.core import SEScope
 
 
 # ---------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Translating a whole region into one graph (rather than calling ORT op by op) lets ORT's
 own graph optimisations apply: constant folding, Conv+BN+Add+activation fusion, GELU and
 LayerNorm fusion, NCHWc layout transformation. The translation itself, checked against
-the Relax types, is ``partune.backends.relax_to_onnx`` (shared with OpenVINO and the
+the Relax types, is ``partune.backends.relax_onnx`` (shared with OpenVINO and the
 peers); the base class both graph backends share is ``onnx_graph_backend``. This module
 holds what is ORT's: the acceptance probe, sessions, the region kernel and the backend.
 
@@ -38,7 +38,7 @@ from partune.backends.onnx_graph_backend import (
     probe_once,
     save_specs,
 )
-from partune.backends.relax_to_onnx import MIN_OPSET, build_onnx, translate_value
+from partune.backends.relax_onnx import MIN_OPSET, build_onnx, translate_value
 
 # ---------------------------------------------------------------------------------------
 # accepts(): translate one binding, create a session for it, cache per signature

@@ -47,8 +47,8 @@ from partune.backends.onnx_graph_backend import (
     save_specs,
 )
 from partune.backends.onnxruntime_backend import binding_accepted
-from partune.backends.relax_to_onnx import MIN_OPSET, relax_to_onnx
-from partune.core.tensors import static_shape, tensor_types
+from partune.backends.relax_onnx import MIN_OPSET, relax_to_onnx
+from partune.core import static_shape, tensor_types
 
 if TYPE_CHECKING:
     pass

@@ -40,7 +40,7 @@ from partune.backends.torch_patterns import PATTERNS
 from partune.backends.torch_program import compile_region
 
 if TYPE_CHECKING:
-    from partune.core.scopes import SEScope
+    from partune.core import SEScope
 
 
 # --------------------------------------------------------------------------- the backend

@@ -16,11 +16,11 @@ from tvm.s_tir import meta_schedule as ms
 
 from partune.backends import build_cache
 from partune.backends.base import Backend, FusionStyle, Level, RegionKernel
-from partune.core.bf16 import function_in_bf16
+from partune.core import function_in_bf16
 
 if TYPE_CHECKING:
     from partune.backends.settings import Settings
-    from partune.core.scopes import SEScope
+    from partune.core import SEScope
 
 
 LIBRARY = "region.so"  # a region's compiled library in its build cache entry

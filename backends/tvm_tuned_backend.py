@@ -23,7 +23,7 @@ from partune.backends.tvm_backend import build_region_kernel, set_tvm_threads
 
 if TYPE_CHECKING:
     from partune.backends.settings import Settings
-    from partune.core.scopes import SEScope
+    from partune.core import SEScope
 
 
 class TunedTvmBackend(Backend):

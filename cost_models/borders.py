@@ -23,8 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from partune.core.graph import DataflowGraph
-from partune.core.subgraph import SubGraph
+from partune.core import DataflowGraph, SubGraph
 
 
 def region_features(graph: DataflowGraph, nodes: Iterable[int]) -> np.ndarray:

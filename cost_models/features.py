@@ -14,8 +14,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from partune.core.graph import DataflowGraph, OpKind
-from partune.core.subgraph import SubGraph
+from partune.core import DataflowGraph, OpKind, SubGraph
 
 FEATURE_VERSION = 1
 OPS = ("nn.conv2d", "matmul", "add", "multiply", "subtract", "divide", "nn.relu", "clip", "sigmoid",

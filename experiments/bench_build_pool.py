@@ -1,6 +1,6 @@
 """Does building ahead pay? Candidate measuring with and without a build pool.
 
-For each model: the candidates ``partune.search.tune`` measures (``enumerate_candidates`` over the
+For each model: the candidates ``partune.search.collage`` measures (``enumerate_candidates`` over the
 backends, ``schedulable``, small regions first, deduplicated by candidate key), or an
 evenly spread sample of them (``--sample``) or the first N (``--limit``). Each is measured
 as ``tune``'s ``measure_candidates`` does: ``region_request`` with the model's captured

@@ -1,7 +1,7 @@
 """Does the Optuna refinement pay? The refined plan against the DP plan and the best
 single-backend plan, timed in one process, interleaved, on a zoo transformer and CNN.
 
-For each model: ``partune.search.tune`` with ``--n-trials`` refinement trials (TPE), on the bench
+For each model: ``partune.search.collage`` with ``--n-trials`` refinement trials (TPE), on the bench
 store (measurements already there are reused). Then the DP's final plan, the refined
 plan, the fastest single-backend plan and onnxruntime on the model (the peer) meet in
 one worker process over interleaved rounds; medians are compared. With ``--memory`` the
@@ -38,7 +38,7 @@ def bench_one(spec: str, args) -> dict:
     from partune.runners.builder import compare_request
     from partune.runners.local import LocalRunner
     from partune.runners.peers import peer_label, peer_specs
-    from partune.search.tune import tune
+    from partune.search.collage import tune
     from partune.store.measurements import MeasurementStore
 
     model = load(spec)

@@ -5,8 +5,20 @@ import pipeline of named passes (``frontend.pipeline``, ``frontend/passes``). Im
 ``partune.core`` and ``partune.backends`` (see docs/architecture.md).
 """
 
-from partune.frontend.models import Model, load
-from partune.frontend.pipeline import NAMES as PASS_NAMES
-from partune.frontend.pipeline import PASSES, PassRun, describe_passes, normalise
+from partune.core.exports import lazy_exports
 
-__all__ = ["PASSES", "PASS_NAMES", "Model", "PassRun", "describe_passes", "load", "normalise"]
+__all__ = [
+    "Model",
+    "ZOO",
+    "describe_passes",
+    "describe_runs",
+    "load",
+    "load_program",
+]
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "exported_program": ("load_program",),
+    "models": ("Model", "load",),
+    "pipeline": ("describe_passes", "describe_runs",),
+    "zoo": ("ZOO",),
+})

@@ -23,7 +23,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from partune.core.tensors import known_shape
+from partune.core import known_shape
 
 INF = math.inf
 FLT_MAX = float(np.finfo(np.float32).max)

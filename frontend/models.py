@@ -21,11 +21,15 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from partune.core.errors import ModelError, last_line
-from partune.core.graph import DataflowGraph
-from partune.core.memory import trim
-from partune.core.scopes import SEScope
-from partune.core.tensors import flatten_outputs, random_array
+from partune.core import (
+    DataflowGraph,
+    ModelError,
+    SEScope,
+    flatten_outputs,
+    last_line,
+    random_array,
+    trim,
+)
 from partune.frontend.onnx_folding import explicit_conv_pads, fold_onnx_shapes
 from partune.frontend.pipeline import PassRun, check_pass_names, normalise
 
@@ -239,7 +243,7 @@ def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None
     from tvm.relax.frontend.onnx import from_onnx
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    from partune.backends.model_file import sha256  # the digest a model-file plan checks
+    from partune.backends import sha256  # the digest a model-file plan checks
 
     proto, external = _read_onnx(path)
     if external:  # what the peers run: the weights inlined (a file's bytes alone would lack them)
@@ -295,7 +299,7 @@ def load_tvmscript(path: Path, disabled: tuple[str, ...] = ()) -> Model:
         if not isinstance(ty, relax.TensorType) or ty.shape is None:
             raise ModelError(f"{path}: parameter '{p.name}' needs a static tensor shape")
         inputs.append(_random_input(tuple(int(v) for v in ty.shape.values), str(ty.dtype), SEED + k))
-    from partune.backends.tvm_backend import (
+    from partune.backends import (
         compile_module,  # the reference is the untuned TVM build
     )
 

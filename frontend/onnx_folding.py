@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from partune.core.memory import trim
+from partune.core import trim
 
 
 def fold_onnx_shapes(proto):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-from partune.core.errors import PartuneError
+from partune.core import PartuneError
 from partune.frontend.passes.bool_cumsum import CUMSUM_OF_BOOL
 from partune.frontend.passes.exact_idioms import CAST_BEFORE_MOVES, FLOAT_TO_BOOL, TAKE_WRAP
 from partune.frontend.passes.import_pass import ImportPass, tvm_pass

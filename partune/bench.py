@@ -36,8 +36,8 @@ def max_abs_error(outputs, reference) -> float:
 
 def _bench_one(name: str, kind: str, make: Callable, reference) -> BenchRow:
     """Build one contender and time it; a failure costs this row, not the benchmark."""
-    from partune.core.errors import clean_error, last_line
-    from partune.runners.timing import time_callable
+    from partune.core import clean_error, last_line
+    from partune.runners import time_callable
 
     row = BenchRow(name, kind)
     try:
@@ -52,7 +52,7 @@ def _bench_one(name: str, kind: str, make: Callable, reference) -> BenchRow:
 
 
 def _peer(run):
-    from partune.core.tensors import flatten_outputs
+    from partune.core import flatten_outputs
 
     return run, flatten_outputs(run())
 
@@ -60,10 +60,10 @@ def _peer(run):
 def contenders(model, backends: list[str] | None, peers: list[str] | None, threads: int):
     """(name, kind, make) for each single-backend plan and each peer."""
     from partune.backends import registry
-    from partune.core.scopes import CompilationConfig
+    from partune.core import CompilationConfig
+    from partune.runners import build_plan
     from partune.runners import peers as p
-    from partune.runners.builder import build_plan
-    from partune.search.candidates import backend_plan
+    from partune.search import backend_plan
 
     backends = backends or registry.default_names()
     for b in backends:

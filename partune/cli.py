@@ -37,7 +37,7 @@ def _pass_options(parser: argparse.ArgumentParser, default) -> None:
 
 class _ListPasses(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        from partune.frontend.pipeline import describe_passes
+        from partune.frontend import describe_passes
 
         print(describe_passes())
         parser.exit(0)
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_threads(args.threads)
     try:
         if getattr(args, "storage", None):  # every subcommand reads the storage URL the same way
-            from partune.store.measurements import with_driver
+            from partune.store import with_driver
 
             args.storage = with_driver(args.storage)
         return args.func(args)
@@ -314,9 +314,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _is_bad_input(e: Exception) -> bool:
     """Errors that mean bad input (each carries a one-line message), not a bug."""
-    from partune.backends.model_file import ModelFileError
-    from partune.backends.registry import UnknownBackendError
-    from partune.core.errors import PartuneError
+    from partune.backends import ModelFileError, UnknownBackendError
+    from partune.core import PartuneError
     from partune.deployed import DeployError
 
     return isinstance(e, (PartuneError, UnknownBackendError, DeployError, ModelFileError))

@@ -22,9 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from partune.backends.checksum import first_damaged
-from partune.core.scopes import SEScope
-from partune.core.versions import deploy_environment
+from partune.backends import first_damaged
+from partune.core import SEScope, deploy_environment
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -134,7 +133,7 @@ def load(path: str | Path, threads: int | None = None) -> Deployed:
     manifest = verify(path)
     registry.set_threads(threads or manifest["threads"])
     if file := manifest.get("model_file"):
-        from partune.backends.model_file import ModelFileError, open_model_file
+        from partune.backends import ModelFileError, open_model_file
 
         examples = [np.zeros(i["shape"], i["dtype"]) for i in manifest["inputs"]]
         try:

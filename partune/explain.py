@@ -15,16 +15,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from partune.core.describe import fit_table, op_counts, op_summary, scope_name, short_op
-from partune.core.errors import clean_error
-from partune.core.graph import DataflowGraph
-from partune.core.keys import candidate_key
-from partune.core.plan import Plan, Region, contiguous_runs
-from partune.core.scopes import SEScope
-from partune.runners.timing import Measurement
+from partune.core import (
+    DataflowGraph,
+    Plan,
+    Region,
+    SEScope,
+    candidate_key,
+    clean_error,
+    contiguous_runs,
+    fit_table,
+    op_counts,
+    op_summary,
+    scope_name,
+    short_op,
+)
+from partune.runners import Measurement
 
 if TYPE_CHECKING:
-    from partune.frontend.models import Model
+    from partune.frontend import Model
 
 # Chosen, or why not: what a backend did with exactly a region's nodes.
 CHOSEN, MEASURED, FAILED, REFUSED, UNPROPOSED, UNMEASURED = (
@@ -121,8 +129,8 @@ def read_measurements(storage: str, device: str) -> dict[str, Measurement] | Non
     """Every measurement of ``device`` in ``storage``, the latest per key; None when it holds none."""
     import optuna
 
-    from partune.store.measurements import STUDY_PREFIX
-    from partune.store.measurements import read_measurements as read_study
+    from partune.store import STUDY_PREFIX
+    from partune.store import read_measurements as read_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -155,11 +163,14 @@ def _tuned_keys(measured: Mapping[str, Measurement]) -> dict[str, str]:
 def gather_evidence(plan: Plan, model: Model, measured: Mapping[str, Measurement], device: str) -> Evidence:
     """What the backends accept and propose for ``model``, and the per-call costs stored."""
     from partune.backends import registry
-    from partune.search.calibration import calibrate
-    from partune.search.candidates import accepted_nodes, enumerate_candidates
-    from partune.search.dp import schedulable
-    from partune.search.result import Counts
-    from partune.search.session import CANDIDATE_PROTOCOL
+    from partune.search import (
+        CANDIDATE_PROTOCOL,
+        Counts,
+        accepted_nodes,
+        calibrate,
+        enumerate_candidates,
+        schedulable,
+    )
 
     backends = plan.config.backends
     accepted = {b: frozenset(accepted_nodes(model.mod["main"], b)) for b in backends}
@@ -250,7 +261,7 @@ def _reason(c: CandidateFact, winner: CandidateFact | None, ev: Evidence) -> str
 def _region(graph: DataflowGraph, index: int, region: Region, plan: Plan, ev: Evidence,
             border: tuple[float, float, float] | None) -> RegionFact:
     """Every backend on offer against one region of the plan, the winner first."""
-    from partune.cost_models.borders import region_features
+    from partune.cost_models import region_features
 
     nodes = tuple(sorted(set(region.nodes)))
     scopes = [region.scope] + [s for s in plan.config.primitives  # (one-thread twins are never candidates)

@@ -19,15 +19,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from partune.backends import registry
-from partune.backends.checksum import checksums
-from partune.core import partition
-from partune.core.plan import Plan
-from partune.core.versions import deploy_environment, device_fingerprint
+from partune.backends import checksums, registry
+from partune.core import Plan, deploy_environment, device_fingerprint, partition
 from partune.deployed import FORMAT, MANIFEST
 from partune.partition_onnx import write_partition_onnx
-from partune.runners.builder import install_codegen, main_compiler, partition_plan
-from partune.store.claims import pid_alive
+from partune.runners import install_codegen, main_compiler, partition_plan
+from partune.store import pid_alive
 
 LIBRARY = "model.so"
 MODEL_FILE = "model.onnx"  # a model-file plan's graph
@@ -111,8 +108,7 @@ def _export_regions(model, plan: Plan, out: Path, threads: int) -> Path:
 
 def _export_model_file(model, plan: Plan, out: Path, threads: int) -> Path:
     """A model-file plan: the model's own ONNX graph, loaded by its library where deployed."""
-    from partune.runners.builder import build_model_file
-    from partune.runners.peers import model_onnx
+    from partune.runners import build_model_file, model_onnx
 
     data = model_onnx(model)
     build_model_file(plan, data, model.inputs, threads)  # the file is the plan's, and it loads

@@ -36,8 +36,7 @@ def gemm_flops(func) -> float:
     import tvm
     from tvm import relax
 
-    from partune.core.graph import main_bindings
-    from partune.core.tensors import known_shape
+    from partune.core import known_shape, main_bindings
 
     total = 0.0
     for b in main_bindings(func):
@@ -68,7 +67,7 @@ def peak_gemm(threads: int):
     import openvino as ov
     from openvino import opset13 as ops
 
-    from partune.backends.openvino_backend import compile_config, openvino_core
+    from partune.backends import compile_config, openvino_core
 
     m, k, n = PEAK_SHAPE
     a = ops.parameter([m, k], np.float32)
@@ -89,8 +88,7 @@ def openvino_gemm_s(data: bytes, inputs: list[np.ndarray], threads: int, wall_s:
     """
     import openvino as ov
 
-    from partune.backends.model_file import openvino_model
-    from partune.backends.openvino_backend import compile_config, openvino_core
+    from partune.backends import compile_config, openvino_core, openvino_model
 
     config = compile_config(threads) | {"PERF_COUNT": True}
     request = openvino_core().compile_model(openvino_model(data, inputs), "CPU", config).create_infer_request()
@@ -146,9 +144,8 @@ def measure(model, threads: int = 1) -> Headroom:
     """Time onnxruntime and OpenVINO on the model's ONNX graph (interleaved), count its GEMM
     FLOPs and OpenVINO's GEMM share, and time the core's peak beside them. Raises ``ModelFileError``
     when neither library can read the graph."""
-    from partune.backends.model_file import ModelFileError, open_model_file
-    from partune.runners.peers import model_onnx
-    from partune.runners.timing import time_interleaved
+    from partune.backends import ModelFileError, open_model_file
+    from partune.runners import model_onnx, time_interleaved
 
     data = model_onnx(model)
     runs, unavailable = {}, {}

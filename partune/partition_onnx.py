@@ -24,13 +24,11 @@ from typing import TYPE_CHECKING
 import onnx
 from tvm import relax
 
-from partune.backends.base import BackendError
-from partune.backends.relax_to_onnx import relax_to_onnx
-from partune.core.graph import DataflowGraph
-from partune.core.plan import Plan
+from partune.backends import BackendError, relax_to_onnx
+from partune.core import DataflowGraph, Plan
 
 if TYPE_CHECKING:
-    from partune.backends.onnx_graph import OnnxGraph
+    from partune.backends import OnnxGraph
 
 FILE = "partition.onnx"
 PREFIX = "partune."

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import optuna
 
-from partune.core.describe import region_label
-from partune.core.keys import candidate_key
-from partune.core.plan import Plan
+from partune.core import Plan, candidate_key, region_label
 from partune.partition_onnx import write_partition_onnx
 from partune.report_graph import COLOURS, draw_graph
 from partune.report_graph import colour as _colour
@@ -27,7 +25,7 @@ from partune.report_regions import (
     region_times,
     stored_measurements,
 )
-from partune.store.measurements import MEMORY
+from partune.store import MEMORY
 
 
 def plot_history(end_to_end_s: dict[str, float], refine_values: list[float], path: Path) -> None:

@@ -15,9 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from partune.core.describe import short_op
-from partune.core.graph import DataflowGraph
-from partune.core.plan import Plan, region_order
+from partune.core import DataflowGraph, Plan, region_order, short_op
 
 COLOURS = {"tvm": "#4c72b0", "tvm-tuned": "#64b5cd", "torch": "#dd8452", "onnxruntime": "#55a868",
            "openvino": "#c44e52"}

@@ -19,13 +19,10 @@ from pathlib import Path
 import optuna
 
 from partune.backends import registry
-from partune.core.graph import DataflowGraph
-from partune.core.keys import calibration_keys, candidate_key
-from partune.core.plan import Plan
-from partune.core.scopes import SEScope
-from partune.runners.timing import Measurement
-from partune.search.tuning import anchor_kind, expected_speedup
-from partune.store.measurements import STUDY_PREFIX, read_measurements
+from partune.core import DataflowGraph, Plan, SEScope, calibration_keys, candidate_key
+from partune.runners import Measurement
+from partune.search import anchor_kind, expected_speedup
+from partune.store import STUDY_PREFIX, read_measurements
 
 MAX_RUN = 24  # nodes: the longest run of consecutive nodes a cover tries as one candidate
 COVER_UP_TO = 300  # nodes: larger regions are compared on their exact node set only

@@ -19,7 +19,7 @@ import numpy as np
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from partune.core.plan import Plan
+    from partune.core import Plan
 
 HELD_OUT_SEED = 20261204  # the second input set: never the search's
 

@@ -16,11 +16,7 @@ import tvm
 from tvm import relax
 
 from partune.backends import registry
-from partune.core import partition
-from partune.core.graph import DataflowGraph, main_bindings
-from partune.core.plan import Plan
-from partune.core.scopes import SEScope
-from partune.core.tensors import flatten_outputs
+from partune.core import DataflowGraph, Plan, SEScope, flatten_outputs, main_bindings, partition
 from partune.runners.protocol import (
     CaptureRequest,
     CompareRequest,
@@ -112,8 +108,8 @@ def build_model_file(plan: Plan, data: bytes, inputs: list[np.ndarray], threads:
     Returns a ``partune.backends.model_file.ModelFileRun`` (called and prepared like ``BuiltModel``).
     A plan made for the user's file refuses any other file.
     """
-    from partune.backends.model_file import open_model_file, sha256
-    from partune.core.errors import PlanError
+    from partune.backends import open_model_file, sha256
+    from partune.core import PlanError
 
     file = plan.model_file
     if file is None:

@@ -14,11 +14,17 @@ import tvm
 from tvm import relax
 
 from partune.backends import registry
-from partune.core.errors import clean_error, last_line
-from partune.core.graph import DataflowGraph, main_bindings
-from partune.core.partition import lift_region
-from partune.core.scopes import SEScope, cpu_target
-from partune.core.tensors import static_shape, tensor_types
+from partune.core import (
+    DataflowGraph,
+    SEScope,
+    clean_error,
+    cpu_target,
+    last_line,
+    lift_region,
+    main_bindings,
+    static_shape,
+    tensor_types,
+)
 
 Values = dict[relax.Var, "np.ndarray | list[np.ndarray]"]
 CAPTURE_LIMIT_BYTES = 2 << 30  # beyond this, regions fall back to valid random inputs
@@ -32,7 +38,7 @@ def _tensor_like(ty) -> bool:
 
 def _op_name(binding: relax.Binding) -> str:
     """The op a binding calls, as people name it (``conv2d``), else the kind of value it binds."""
-    from partune.core.describe import short_op
+    from partune.core import short_op
 
     op = getattr(getattr(binding.value, "op", None), "name", None)
     return short_op(op[len("relax."):]) if isinstance(op, str) and op.startswith("relax.") else "a non-op value"

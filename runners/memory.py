@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 
-from partune.core.memory import trim  # noqa: F401 - workers call memory.trim
+from partune.core import trim  # noqa: F401 - workers call memory.trim
 
 GiB = 1 << 30
 MAX_RSS_BYTES = 3 * GiB  # a worker resident above this after a request is replaced

@@ -147,7 +147,7 @@ def load(request: PlanRequest | CompareRequest | CaptureRequest) -> Any:
 def with_graph(request: CaptureRequest | RegionRequest | BuildRequest) -> tuple[Any, Any]:
     """The request's whole model and its ``DataflowGraph``; from a file, each made once while
     the file is unchanged (a capture and every region lifted from the model share them)."""
-    from partune.core.graph import DataflowGraph
+    from partune.core import DataflowGraph
 
     if request.module.file is None:
         mod = load(request)  # type: ignore[arg-type]

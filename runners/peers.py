@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from partune.backends.model_file import LIBRARIES, open_model_file
-from partune.core.errors import last_line
-from partune.frontend.exported_program import load_program
+from partune.backends import LIBRARIES, open_model_file
+from partune.core import last_line
+from partune.frontend import load_program
 
 Runnable = Callable[[], object]
 
@@ -74,7 +74,7 @@ def _torch_outputs(module, threads: int, precision: str) -> Callable[[list[np.nd
     """The compiled module as a function of numpy inputs to float32 numpy outputs (for its error)."""
     import torch
 
-    from partune.core.tensors import flatten_outputs
+    from partune.core import flatten_outputs
 
     call = _compiled_call(module, threads, precision)
 
@@ -121,7 +121,7 @@ def model_onnx(model) -> bytes:
         return model.onnx_bytes
     if model.torch_module is not None:
         return onnx_export(model.torch_module, model.inputs)
-    from partune.backends.relax_to_onnx import relax_to_onnx
+    from partune.backends import relax_to_onnx
 
     return relax_to_onnx(model.mod["main"]).SerializeToString()
 
@@ -260,7 +260,7 @@ def torch_recipe(model) -> dict:
 def rebuild_module(recipe: dict):
     """The module of a ``torch_recipe``, checked against the digest of the one searched."""
     if "zoo" in recipe:
-        from partune.frontend.zoo import ZOO
+        from partune.frontend import ZOO
 
         if recipe["zoo"] not in ZOO:
             raise RuntimeError(f"this device's partune has no zoo model {recipe['zoo']!r}")

@@ -19,9 +19,8 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
-from partune.backends.settings import Settings
-from partune.core.plan import Plan
-from partune.core.scopes import SEScope
+from partune.backends import Settings
+from partune.core import Plan, SEScope
 from partune.runners.timing import Measurement, Protocol
 
 

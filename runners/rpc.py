@@ -12,8 +12,7 @@ import signal
 import socket
 import time
 
-from partune.core.errors import PartuneError, last_line
-from partune.core.keys import FINGERPRINT_DIGITS, digest
+from partune.core import FINGERPRINT_DIGITS, PartuneError, digest, last_line
 from partune.runners import module_file
 from partune.runners.protocol import ErrorReply, Reply, Request, reply_from_json
 from partune.runners.runner import Runner
@@ -101,7 +100,7 @@ def _register_in_server() -> None:
 
 
 def _server_device(threads: int) -> str:
-    from partune.core.versions import device_fingerprint
+    from partune.core import device_fingerprint
 
     return device_fingerprint(int(threads))
 

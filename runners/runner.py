@@ -77,7 +77,7 @@ class Runner(ABC):
     def device(self) -> str:
         """The fingerprint of the device this runner measures on: the store keeps each
         device's measurements apart (``partune.store.measurements``). Here: this machine."""
-        from partune.core.versions import device_fingerprint
+        from partune.core import device_fingerprint
 
         return device_fingerprint(self.threads)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from partune.core.errors import last_line
+from partune.core import last_line
 from partune.runners import accuracy, memory, module_file
 from partune.runners.protocol import (
     BuildInfo,
@@ -46,8 +46,7 @@ from partune.runners.timing import Measurement, time_callable
 if TYPE_CHECKING:
     import tvm
 
-    from partune.core.graph import DataflowGraph
-    from partune.core.plan import Plan
+    from partune.core import DataflowGraph, Plan
     from partune.runners.builder import BuiltModel
 
 
@@ -104,7 +103,7 @@ def measure_region(req: RegionRequest) -> MeasurementReply:
     ones); the reply also says how the build went."""
     import tvm
 
-    from partune.core.tensors import random_array, static_shape, tensor_types
+    from partune.core import random_array, static_shape, tensor_types
 
     func, kernel, info = build_region(req)
     if req.inputs is not None:  # what the region reads inside the model
@@ -122,7 +121,7 @@ def measure_plan(req: PlanRequest) -> MeasurementReply:
     """Build a whole model under a plan and time it end to end; a plan with bf16 regions
     is also run beside its f32 twin, and its error recorded (``partune.runners.accuracy``)."""
     from partune.backends import registry
-    from partune.core.graph import DataflowGraph
+    from partune.core import DataflowGraph
 
     registry.set_threads(req.threads)
     mod = module_file.load(req)
@@ -169,8 +168,7 @@ def build_plan_here(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> Buil
 def _warm_up(plan) -> None:
     """Load each backend of ``plan`` and its compiler on a one-op model first, so that the
     footprint measured next is the plan's own, not the libraries' code every plan loads."""
-    from partune.core.graph import DataflowGraph
-    from partune.core.plan import Plan, Region
+    from partune.core import DataflowGraph, Plan, Region
     from partune.runners.builder import calibration_module
 
     mod = calibration_module()
@@ -187,7 +185,7 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
     inputs, same moment. A contender that cannot be built fails alone.
     """
     from partune.backends import registry
-    from partune.core.plan import Plan
+    from partune.core import Plan
     from partune.runners.peers import make_peer, peer_error
     from partune.runners.timing import time_interleaved
 
@@ -240,7 +238,7 @@ class _Comparison:
 
     @functools.cached_property
     def graph(self) -> Any:
-        from partune.core.graph import DataflowGraph
+        from partune.core import DataflowGraph
 
         return DataflowGraph.from_function(self.mod["main"])
 

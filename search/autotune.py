@@ -12,9 +12,8 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from partune.core.keys import region_key
-from partune.runners.builder import tune_request
-from partune.runners.timing import Measurement
+from partune.core import region_key
+from partune.runners import Measurement, tune_request
 from partune.search.candidates import Candidate
 from partune.search.dp import NoCoverError, cheapest_cover
 from partune.search.tuning import TuningChoice, anchor_kind, tuning_order

@@ -14,15 +14,10 @@ import numpy as np
 import tvm
 
 from partune.backends import registry
-from partune.core.graph import DataflowGraph
-from partune.core.keys import calibration_keys
-from partune.core.plan import Plan, Region
-from partune.core.scopes import CompilationConfig, SEScope
-from partune.runners.builder import calibration_module, overhead_request, plan_request
-from partune.runners.runner import Runner
-from partune.runners.timing import Measurement
+from partune.core import CompilationConfig, DataflowGraph, Plan, Region, SEScope, calibration_keys
+from partune.runners import Measurement, Runner, calibration_module, overhead_request, plan_request
 from partune.search.result import Counts
-from partune.store.measurements import MeasurementStore
+from partune.store import MeasurementStore
 
 
 def calibrate(runner: Runner, store: MeasurementStore, config: CompilationConfig, counts: Counts,

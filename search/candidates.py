@@ -15,11 +15,16 @@ from tvm import relax
 from tvm.relax.dpl import WildcardPattern
 
 from partune.backends import registry
-from partune.core.bf16 import casts
-from partune.core.graph import DataflowGraph, main_bindings
-from partune.core.plan import Plan, single_backend_plan
-from partune.core.scopes import CompilationConfig, SEScope
-from partune.core.subgraph import SubGraph
+from partune.core import (
+    CompilationConfig,
+    DataflowGraph,
+    Plan,
+    SEScope,
+    SubGraph,
+    casts,
+    main_bindings,
+    single_backend_plan,
+)
 from partune.search.rules import RuleContext, rule_for_style
 
 

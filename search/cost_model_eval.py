@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from partune.cost_models.features import featurize
-from partune.cost_models.xgboost_model import XGBoostCostModel
+from partune.cost_models import XGBoostCostModel, featurize
 
 
 @dataclass
@@ -42,8 +41,7 @@ class Score:
 
 def samples_for(model, store, backends: list[str], threads: int = 1) -> Samples:
     """Every candidate of ``model`` whose measurement is in ``store`` (failed ones excluded)."""
-    from partune.core.keys import candidate_key
-    from partune.core.scopes import CompilationConfig
+    from partune.core import CompilationConfig, candidate_key
     from partune.search.candidates import enumerate_candidates
     from partune.search.dp import schedulable
 

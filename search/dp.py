@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from partune.core.graph import DataflowGraph
+from partune.core import DataflowGraph
 from partune.search.candidates import Candidate
 
 

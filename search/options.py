@@ -1,21 +1,19 @@
-"""How one search runs: the options ``partune.search.tune.tune`` passes to a ``SearchSession``."""
+"""How one search runs: the options ``partune.search.collage.tune`` passes to a ``SearchSession``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from partune.core.plan import Plan
-from partune.core.scopes import SEScope
-from partune.cost_models.base import CostModel
-from partune.runners.build_pool import BuildPool
-from partune.runners.peers import DEFAULT_PEERS
+from partune.core import Plan, SEScope
+from partune.cost_models import CostModel
+from partune.runners import DEFAULT_PEERS, BuildPool
 from partune.search.budget import Budget
 from partune.search.result import Progress
 
 
 @dataclass
 class TuneOptions:
-    """How a search runs; see ``partune.search.tune.tune`` for what each one does."""
+    """How a search runs; see ``partune.search.collage.tune`` for what each one does."""
 
     threads: int = 1
     pins: dict[int, SEScope] | None = None

@@ -14,11 +14,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from partune.runners.accuracy import has_bf16
-from partune.runners.timing import Measurement
+from partune.runners import Measurement, has_bf16
 
 if TYPE_CHECKING:
-    from partune.core.plan import Plan, Region
+    from partune.core import Plan, Region
     from partune.search.session_view import SessionView
 
 MAX_REPAIRS = 4  # plans measured while handing bf16 regions back, before all go back at once

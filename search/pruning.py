@@ -11,7 +11,7 @@ import random
 
 import numpy as np
 
-from partune.core.graph import DataflowGraph
+from partune.core import DataflowGraph
 from partune.search.candidates import Candidate
 
 TOP_K = 1  # candidates measured per DP frontier, by predicted cost
@@ -20,7 +20,7 @@ EPSILON = 0.05  # ... plus this share of all the rest, drawn at random (the mode
 
 def features(graph: DataflowGraph, cands: list[Candidate]) -> np.ndarray:
     """The cost model's input, one row per candidate."""
-    from partune.cost_models.features import featurize
+    from partune.cost_models import featurize
 
     rows: dict[tuple[int, str], np.ndarray] = {}  # one row per node set and backend (scopes share it)
     for c in cands:

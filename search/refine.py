@@ -22,12 +22,9 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
-from partune.core.graph import DataflowGraph
-from partune.core.plan import Plan, Region, region_order
-from partune.core.scopes import CompilationConfig
-from partune.core.subgraph import SubGraph
-from partune.runners.timing import Measurement
-from partune.store.claims import Claims, worker_id
+from partune.core import CompilationConfig, DataflowGraph, Plan, Region, SubGraph, region_order
+from partune.runners import Measurement
+from partune.store import Claims, worker_id
 
 KEEP = "keep"
 

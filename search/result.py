@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from partune.core.plan import Plan
-from partune.cost_models.borders import BorderModel
-from partune.runners.timing import Measurement
+from partune.core import Plan
+from partune.cost_models import BorderModel
+from partune.runners import Measurement
 from partune.search.dp import Cover
 from partune.search.refine import Refined
 

@@ -12,8 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from partune.core.graph import DataflowGraph, OpKind
-from partune.core.subgraph import SubGraph
+from partune.core import DataflowGraph, OpKind, SubGraph
 
 TRIVIAL_OPS = frozenset({"tuple", "get_item", "alias", "const"})
 

@@ -5,8 +5,8 @@ Phases, in the order ``run`` calls them: capture the model's intermediate values
 region on its SEScope; learn (a cost model, when there is one); calibrate fixed
 per-call costs; auto-tune the TVM regions the DP would use; propose plans (the DP,
 second opinions, every single-backend plan) and measure them end to end; learn border
-costs from those plans and let the DP propose again; refine with Optuna; then the
-fastest plans meet the peers in one interleaved comparison (``partune.search.verdict``)
+costs from those plans and let the DP propose again (``partune.search.border_rounds``);
+refine with Optuna; then the fastest plans meet the peers in one interleaved comparison (``partune.search.verdict``)
 and the emitted plan says how it stands against the best of them.
 
 Every measurement goes through a Runner and into the MeasurementStore the moment it is
@@ -25,19 +25,32 @@ from pathlib import Path
 import numpy as np
 
 from partune.backends import registry
-from partune.core.describe import region_label, scope_name, variant_label
-from partune.core.errors import PartuneError, clean_error, last_line
-from partune.core.keys import candidate_key, plan_key
-from partune.core.memory import trim
-from partune.core.plan import Plan, Region
-from partune.core.scopes import CompilationConfig, SEScope
-from partune.cost_models.borders import BorderModel, Equation, fit, region_features
-from partune.runners import module_file
-from partune.runners.accuracy import has_bf16
-from partune.runners.build_pool import Lookahead
-from partune.runners.builder import plan_request, region_request
-from partune.runners.runner import Runner
-from partune.runners.timing import Measurement
+from partune.core import (
+    CompilationConfig,
+    PartuneError,
+    Plan,
+    Region,
+    SEScope,
+    candidate_key,
+    clean_error,
+    last_line,
+    plan_key,
+    region_label,
+    scope_name,
+    trim,
+    variant_label,
+)
+from partune.cost_models import BorderModel, region_features
+from partune.runners import (
+    Lookahead,
+    Measurement,
+    Runner,
+    has_bf16,
+    module_file,
+    plan_request,
+    region_request,
+)
+from partune.search.border_rounds import BORDER_ROUNDS, border_rounds
 from partune.search.budget import PATIENCE, TRIALS_CAP
 from partune.search.calibration import CalibrationView, calibrate
 from partune.search.candidates import Candidate, accepted_nodes, backend_plan, enumerate_candidates
@@ -47,7 +60,7 @@ from partune.search.precision import budgeted, overran, repair
 from partune.search.pruning import features, prune
 from partune.search.refine import refine, search_space
 from partune.search.result import Counts, Progress, TuneResult
-from partune.store.measurements import FIRST_POLL_S, POLL_S, MeasurementStore
+from partune.store import FIRST_POLL_S, POLL_S, MeasurementStore
 
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
 CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
@@ -57,7 +70,6 @@ PLAN_PROTOCOL = {"warmup": 2, "warmup_ms": 100.0, "repeat": 11, "min_repeat_ms":
 # of a 10-minute search.
 HOPELESS = 10.0
 NOT_MEASURED = "not measured"  # how such a plan's measurement begins (the summary shows it as skipped)
-BORDER_ROUNDS = 3  # DP proposals refined by learned border costs, each measured end to end
 MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regions
 # With a cost model, an unmeasured candidate enters the DP at this share of its predicted
 # cost: a prediction a little too high then still gets the candidate tried (measured) when
@@ -89,7 +101,6 @@ class SearchSession:
         self.tuned: dict[str, str] = {}  # an autotuned candidate's key -> the key of its tuned measurement
         self.label_of: dict[str, str] = {}  # plan key -> the first label the plan was offered under
         self.features = {c: region_features(self.graph, c.subgraph.nodes) for c in self.cands}
-        self.equations: dict[str, Equation] = {}  # plan label -> its border-cost equation
         self.calibrated: set[str] = set()  # calibration keys this session measured
 
     @property
@@ -118,7 +129,7 @@ class SearchSession:
         if self.autotuned and tune_s > 0:
             autotune(self, tune_s)
         self.propose()
-        self.borders()
+        border_rounds(self)
         self.refine()
         if not self.options.worker_only:  # a helper worker: the primary takes it from here
             finalists = fit_in_memory(self, self.finalists())
@@ -391,50 +402,6 @@ class SearchSession:
             return None
         return Measurement.failed(f"{NOT_MEASURED}: its regions add up to {estimate_s * 1e3:.1f} ms, "
                                   f"{estimate_s / best:.0f}x the fastest plan timed")
-
-    # -- border costs -----------------------------------------------------------------
-
-    def equation(self, plan: Plan, m: Measurement) -> Equation | None:
-        """What ``plan`` cost end to end beyond its regions' isolated costs, by its borders."""
-        costs = [self.stored_cost(r) for r in plan.regions]
-        if not m.ok or any(c is None for c in costs):
-            return None
-        isolated = sum(c + self.adjust.get(r.scope, 0.0) for c, r in zip(costs, plan.regions, strict=True))
-        feats = sum(region_features(self.graph, r.nodes) for r in plan.regions)
-        return Equation(feats, m.cost_s - isolated, m.cost_s)
-
-    def borders(self) -> None:
-        """Border costs learned from the plans measured; the DP proposes again with them."""
-        result = self.result
-        self.equations = {label: e for label, p in result.plans.items()
-                          if (e := self.equation(p, result.end_to_end[label])) is not None}
-        for k in range(BORDER_ROUNDS):
-            result.border = fit(list(self.equations.values()))
-            refined = self.dp(set(self.backends), result.border)
-            if refined is None:
-                break
-            label = f"partune dp+borders{'' if k == 0 else f' {k + 1}'}"
-            if not self.offer(label, refined[1]):
-                result.dp_label, (result.cover, result.dp_plan) = self.label_of[plan_key(refined[1])], refined
-                break  # a plan measured already (its regions here carry the DP's costs)
-            result.dp_label = label
-            result.cover, result.dp_plan = refined
-            if (e := self.equation(refined[1], self.end_to_end(label, refined[1]))) is not None:
-                self.equations[label] = e
-        if result.border.equations:  # second opinions with border costs too
-            self.end_to_end_all({label: result.plans[label] for label in self.second_opinions(result.border, "+borders")})
-        self.estimate_dp_plan()
-
-    def estimate_dp_plan(self) -> None:
-        """The DP's estimate of its plan, with borders fitted on the other plans only: a prediction."""
-        result = self.result
-        if result.dp_label is None or result.dp_plan is None:
-            result.dp_label = None
-            return
-        held_out = fit([e for label, e in self.equations.items() if label != result.dp_label])
-        isolated = sum(r.cost_s or 0.0 for r in result.dp_plan.regions)
-        feats = sum(region_features(self.graph, r.nodes) for r in result.dp_plan.regions)
-        result.dp_estimate_s = isolated + held_out.extra_s(feats)
 
     # -- refinement and the finalists -------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""What the verdict, auto-tuning and precision repair read of a search session.
+"""What the verdict, auto-tuning, border rounds and precision repair read of a search session.
 
 They are phases of ``SearchSession`` kept in modules of their own, and the session calls
 them; typed by the session itself they would import it back (a cycle, type-only but real to
@@ -14,22 +14,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import tvm
 
-    from partune.core.graph import DataflowGraph
-    from partune.core.plan import Plan, Region
-    from partune.core.scopes import CompilationConfig, SEScope
-    from partune.frontend.models import Model
-    from partune.runners.runner import Runner
-    from partune.runners.timing import Measurement
+    from partune.core import CompilationConfig, DataflowGraph, Plan, Region, SEScope
+    from partune.cost_models import BorderModel
+    from partune.frontend import Model
+    from partune.runners import Measurement, Runner
     from partune.search.candidates import Candidate
+    from partune.search.dp import Cover
     from partune.search.options import TuneOptions
     from partune.search.result import Counts, Progress, TuneResult
-    from partune.store.measurements import MeasurementStore
+    from partune.store import MeasurementStore
 
 
 class SessionView(Protocol):
     """The narrow face of ``SearchSession`` its phase modules see."""
 
     model: Model
+    backends: list[str]
     mod: tvm.IRModule
     graph: DataflowGraph
     config: CompilationConfig
@@ -43,6 +43,7 @@ class SessionView(Protocol):
     autotuned: set[str]
     adjust: dict[SEScope, float]
     tuned: dict[str, str]
+    label_of: dict[str, str]
 
     @property
     def counts(self) -> Counts: ...
@@ -60,3 +61,10 @@ class SessionView(Protocol):
     def offer(self, label: str, plan: Plan, always: bool = False) -> bool: ...
 
     def end_to_end(self, label: str, plan: Plan) -> Measurement: ...
+
+    def end_to_end_all(self, plans: dict[str, Plan]) -> None: ...
+
+    def dp(self, allowed: set[str], border: BorderModel | None = None,
+           precisions: tuple[str, ...] = ("f32", "bf16")) -> tuple[Cover, Plan] | None: ...
+
+    def second_opinions(self, border: BorderModel | None = None, suffix: str = "") -> list[str]: ...

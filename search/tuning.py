@@ -17,7 +17,7 @@ priors: after each tuned region the search passes what its kind achieved (``achi
 and the order is made again, so a kind that tunes worse than expected here (matmul
 against MLAS on one core) stops taking the budget from kinds that tune well. The search
 then keeps only the regions its DP would use if they tuned as estimated
-(``partune.search.tune``): a region the plan cannot take is not worth its tuning time.
+(``partune.search.collage``): a region the plan cannot take is not worth its tuning time.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from partune.core.graph import DataflowGraph
-from partune.core.keys import region_key
+from partune.core import DataflowGraph, region_key
 from partune.search.candidates import Candidate
 
 # What tuning typically buys over TVM's default schedules, per op kind (the region's best).

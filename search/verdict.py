@@ -13,27 +13,34 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from partune.core.errors import clean_error
-from partune.core.graph import DataflowGraph
-from partune.core.keys import digest, plan_key, verdict_key
-from partune.core.plan import ModelFile, Plan, Region, model_file_plan
-from partune.runners.builder import compare_request
-from partune.runners.peers import (
+from partune.core import (
+    DataflowGraph,
+    ModelFile,
+    Plan,
+    Region,
+    clean_error,
+    digest,
+    model_file_plan,
+    plan_key,
+    verdict_key,
+)
+from partune.runners import (
     BF16_PEERS,
     LIBRARY_PEERS,
+    Measurement,
     available_peers,
+    compare_request,
     model_origin,
     peer_kind,
     peer_label,
     peer_specs,
 )
-from partune.runners.timing import Measurement
 from partune.search.result import Verdict
-from partune.store.measurements import FIRST_POLL_S, POLL_S
+from partune.store import FIRST_POLL_S, POLL_S
 
 if TYPE_CHECKING:
     from partune.search.session_view import SessionView
-    from partune.store.measurements import MeasurementStore
+    from partune.store import MeasurementStore
 
 FINALISTS = 3
 VERDICT_ROUNDS = 7
@@ -96,7 +103,7 @@ def await_verdict(s: SessionView, finalists: dict[str, Plan]) -> None:
 
     The key is the one ``judge`` claims; were the two to differ, nothing would be held
     under this one and ``judge`` would simply wait on its own."""
-    from partune.store.claims import alive
+    from partune.store import alive
 
     key = _verdict_key(s, finalists, _wanted(s))
     claims, pause, waited = s.store.claims, FIRST_POLL_S, False

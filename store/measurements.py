@@ -22,8 +22,8 @@ from collections.abc import Callable
 import optuna
 import sqlalchemy
 
-from partune.core.errors import PartuneError
-from partune.runners.timing import Measurement
+from partune.core import PartuneError
+from partune.runners import Measurement
 from partune.store.claims import Claims
 from partune.store.in_process_claims import InProcessClaims
 from partune.store.outage import OUTAGE_S, patient, patiently

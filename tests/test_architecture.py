@@ -167,3 +167,42 @@ def test_the_wheel_holds_one_package(tmp_path):
     for layer in LAYERS:
         assert f"partune/{layer}/__init__.py" in names, layer
     assert "partune/core/keys.py" in names and "partune/runners/worker_main.py" in names
+
+
+def _layer_files(layer: str) -> list[Path]:
+    if layer != "partune":
+        return sorted((ROOT / layer).rglob("*.py"))
+    return sorted(f for f in (ROOT / "partune").rglob("*.py")
+                  if f.relative_to(ROOT / "partune").parts[0] not in LAYERS)
+
+
+def test_each_layer_exports_its_public_names_and_other_layers_import_them_from_it():
+    """A layer's ``__all__`` is the surface the layers above use: each name resolves to the
+    object its module defines, and no module of another layer imports past it into a module
+    (submodules themselves aside, ``from partune.runners import module_file``; and the
+    ``__init__`` files, which all take ``lazy_exports`` from core's module)."""
+    import importlib
+    import pkgutil
+
+    for layer in LAYERS:
+        package = importlib.import_module(f"partune.{layer}")
+        assert package.__all__ == sorted(package.__all__) and len(set(package.__all__)) == len(package.__all__)
+        # A name loaded lazily must not be a submodule's too: once anything imports the submodule,
+        # Python binds it on the package and ``from partune.search import tune`` gets the module.
+        assert set(package.__all__).isdisjoint(m.name for m in pkgutil.iter_modules(package.__path__)), layer
+        for name in package.__all__:
+            value = getattr(package, name)
+            assert getattr(value, "__module__", f"partune.{layer}").startswith(f"partune.{layer}"), name
+    past = []
+    for layer in (*LAYERS, "partune"):
+        for f in _layer_files(layer):
+            if f.name == "__init__.py":
+                continue
+            for node in ast.walk(ast.parse(f.read_text())):
+                if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("partune.")):
+                    continue
+                parts = node.module.split(".")
+                if len(parts) > 2 and parts[1] in LAYERS and parts[1] != layer:
+                    past.append(f"{f.relative_to(ROOT)}: from {node.module} import "
+                                f"{', '.join(a.name for a in node.names)}")
+    assert past == []

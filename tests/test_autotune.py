@@ -14,7 +14,7 @@ from partune.core.subgraph import SubGraph
 from partune.runners.local import LocalRunner
 from partune.runners.timing import Measurement
 from partune.search.candidates import Candidate
-from partune.search.tune import tune
+from partune.search.collage import tune
 from partune.search.tuning import tuning_order
 from partune.store.measurements import MeasurementStore
 from tests.graphs import Residual

@@ -106,7 +106,7 @@ class _Backwards:
 
 def _chain_search(cost_model):
     from partune.runners.local import LocalRunner
-    from partune.search.tune import tune
+    from partune.search.collage import tune
     from partune.store.measurements import MEMORY, MeasurementStore
     from tests.graphs import Chain
 

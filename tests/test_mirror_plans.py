@@ -20,7 +20,7 @@ import pytest
 
 from experiments import architectures as A
 from partune.backends.onnxruntime_backend import DISABLED_OPTIMIZERS, session_options
-from partune.backends.relax_to_onnx import relax_to_onnx
+from partune.backends.relax_onnx import relax_to_onnx
 from partune.core.scopes import CompilationConfig
 from partune.frontend.models import load_onnx
 from partune.search.candidates import backend_plan

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from partune.backends.relax_to_onnx import relax_to_onnx
+from partune.backends.relax_onnx import relax_to_onnx
 from partune.frontend.models import load
 
 

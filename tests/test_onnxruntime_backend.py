@@ -15,7 +15,7 @@ from tvm.relax import op as O
 
 from partune.backends.base import BackendError, FusionStyle, Level
 from partune.backends.onnxruntime_backend import OnnxRuntimeBackend, make_session
-from partune.backends.relax_to_onnx import relax_to_onnx
+from partune.backends.relax_onnx import relax_to_onnx
 from partune.core.scopes import SEScope
 from tests.regions import SMALL_ZOO, first_binding, one_op, run_region, tensor_types, zoo_mains
 

@@ -78,7 +78,7 @@ def test_an_onnx_file_reads_back(tmp_path):
 def test_an_exported_file_keeps_one_node_per_binding(tmp_path):
     """HardSwish chains fuse in the backends' translation; here each binding keeps its own nodes,
     so a region boundary inside a chain is exact."""
-    from partune.backends.relax_to_onnx import relax_to_onnx
+    from partune.backends.relax_onnx import relax_to_onnx
 
     model = load(str(write_export("hardswish_hardsigmoid", tmp_path)))
     assert "HardSwish" in {n.op_type for n in relax_to_onnx(model.mod["main"]).graph.node}

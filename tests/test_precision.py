@@ -23,8 +23,8 @@ from partune.runners.accuracy import f32_twin, has_bf16, held_out_inputs, relati
 from partune.runners.local import LocalRunner
 from partune.runners.timing import Measurement
 from partune.search.candidates import accepted_nodes
+from partune.search.collage import tune
 from partune.search.precision import budgeted
-from partune.search.tune import tune
 from partune.store.measurements import MEMORY, MeasurementStore
 
 needs_bf16 = pytest.mark.skipif(not registry.cpu_has_bf16(),

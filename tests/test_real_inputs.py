@@ -12,8 +12,8 @@ from partune.runners.builder import region_request
 from partune.runners.capture import capture_values
 from partune.runners.local import LocalRunner
 from partune.runners.worker import handle
+from partune.search.collage import tune
 from partune.search.result import Progress
-from partune.search.tune import tune
 from partune.store.measurements import MeasurementStore
 
 

@@ -20,10 +20,10 @@ from partune.core.plan import single_backend_plan
 from partune.core.scopes import CompilationConfig, ScopeError, SEScope
 from partune.runners.local import LocalRunner
 from partune.search.candidates import accepted_nodes, enumerate_candidates
+from partune.search.collage import tune
 from partune.search.options import TuneOptions
 from partune.search.refine import search_space
 from partune.search.session import SearchSession
-from partune.search.tune import tune
 from partune.store.measurements import MEMORY, MeasurementStore
 from tests.test_precision import _Model
 

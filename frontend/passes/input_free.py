@@ -21,7 +21,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from partune.core.tensors import known_shape
+from partune.core import known_shape
 from partune.frontend.passes.import_pass import ImportPass, with_main
 
 MAX_ELEMENTS = 1 << 20  # a folded value larger than this stays computed (4 MiB of f32)

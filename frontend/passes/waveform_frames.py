@@ -19,7 +19,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from partune.core.tensors import known_shape
+from partune.core import known_shape
 from partune.frontend.passes.import_pass import ImportPass, on_main
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from partune.core.tensors import known_shape
+from partune.core import known_shape
 from partune.frontend.passes.import_pass import ImportPass, by_pattern
 
 _X = wildcard()

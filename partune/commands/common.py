@@ -19,7 +19,7 @@ def setup_threads(threads: int) -> None:
 
 def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:
     """--input-shape NAME=D1,D2,... (repeatable)."""
-    from partune.core.errors import PartuneError
+    from partune.core import PartuneError
 
     shapes = {}
     for spec in specs or []:
@@ -51,15 +51,14 @@ def parse_duration(text: str) -> float:
             return float(text[:-1]) * units[text[-1]]
         return float(text)
     except ValueError:
-        from partune.core.errors import PartuneError
+        from partune.core import PartuneError
 
         raise PartuneError(f"bad duration '{text}': use e.g. 90s, 15m, 8h") from None
 
 
 def parse_pins(specs: list[str], model) -> dict:
     """--pin SELECTOR=BACKEND; SELECTOR is a node index, a range a-b, or an op name."""
-    from partune.core.errors import PartuneError
-    from partune.core.scopes import SEScope
+    from partune.core import PartuneError, SEScope
 
     pins = {}
     for spec in specs or []:
@@ -82,13 +81,13 @@ def parse_pins(specs: list[str], model) -> dict:
 
 def make_runner(spec: str, timeout_s: float, threads: int, cpus: list[int] | None = None):
     """The runner ``--runner`` names; ``cpus`` pins a local runner's worker (beside a build pool)."""
-    from partune.core.errors import PartuneError
-    from partune.runners.local import LocalRunner
+    from partune.core import PartuneError
+    from partune.runners import LocalRunner
 
     if spec == "local":
         return LocalRunner(timeout_s=timeout_s, threads=threads, cpus=cpus)
     if spec.startswith("rpc://"):
-        from partune.runners.rpc import RPCRunner
+        from partune.runners import RPCRunner
 
         address, _, key = spec[len("rpc://"):].partition("/")
         if not key:
@@ -116,7 +115,7 @@ def job_attrs(storage, study_name: str, required: bool = True) -> dict:
     and it is not ``required``."""
     import optuna
 
-    from partune.core.errors import PartuneError
+    from partune.core import PartuneError
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -132,7 +131,7 @@ def job_attrs(storage, study_name: str, required: bool = True) -> dict:
 
 def previous_plan(storage, study_name: str):
     """The plan an earlier run of this tuning job emitted, if any."""
-    from partune.core.plan import Plan
+    from partune.core import Plan
 
     attrs = job_attrs(storage, study_name, required=False)
     return Plan.from_json(attrs["best_plan"]) if "best_plan" in attrs else None
@@ -142,13 +141,13 @@ def study_summaries(storage: str) -> list:
     """Every study in a storage; an unreachable or corrupt storage is one clear error."""
     import optuna
 
-    from partune.core.errors import PartuneError
+    from partune.core import PartuneError
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         return optuna.get_all_study_summaries(storage, include_best_trial=False)
     except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
-        from partune.store.measurements import shown
+        from partune.store import shown
 
         raise PartuneError(f"cannot open storage {shown(str(storage))}: {str(e).splitlines()[0][:160]}") from e
 
@@ -162,6 +161,6 @@ def format_duration(seconds: float) -> str:
 
 
 def is_zoo(name: str) -> bool:
-    from partune.frontend.zoo import ZOO
+    from partune.frontend import ZOO
 
     return name in ZOO

@@ -20,7 +20,7 @@ HOST = "127.0.0.1"
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """Serve optuna-dashboard over ``--storage`` until interrupted; print where to open it."""
-    from partune.core.errors import PartuneError
+    from partune.core import PartuneError
 
     _check_exists(args.storage)
     summaries = study_summaries(args.storage)  # a storage that cannot be opened: one line, exit 2
@@ -48,8 +48,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 def _check_exists(storage: str) -> None:
     """Opening an SQLite path that is not there would create an empty store: say so instead."""
-    from partune.core.errors import PartuneError
-    from partune.store.measurements import MEMORY
+    from partune.core import PartuneError
+    from partune.store import MEMORY
 
     if storage == MEMORY:
         raise PartuneError("a 'memory' storage keeps nothing after its run: name a database with --storage")
@@ -63,7 +63,7 @@ def _server(app: Any, port: int):
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-    from partune.core.errors import PartuneError
+    from partune.core import PartuneError
 
     class Server(ThreadingMixIn, WSGIServer):
         daemon_threads = True  # a browser's open connection must not keep Ctrl-C from ending it
@@ -80,7 +80,7 @@ def _server(app: Any, port: int):
 
 def _listing(summaries: list, url: str) -> list[str]:
     """What the storage holds, with a link to each tuning job's refinement study."""
-    from partune.store.measurements import STUDY_PREFIX
+    from partune.store import STUDY_PREFIX
 
     ids = {s.study_name: getattr(s, "_study_id", None) for s in summaries}
     measurements = [s for s in summaries if s.study_name.startswith(STUDY_PREFIX)]

@@ -13,7 +13,7 @@ from partune.commands.common import job_attrs, load_model, sqlite_file, study_su
 def cmd_explain(args: argparse.Namespace) -> int:
     """A study's emitted plan, or a plan file, region by region against every backend on offer."""
     from partune.backends import registry
-    from partune.core.errors import PlanError
+    from partune.core import PlanError
     from partune.explain import explain, gather_evidence, render_text, to_json
 
     plan, source = _read_plan(args)
@@ -30,8 +30,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def _storage_exists(url: str) -> bool:
     """Whether ``url`` names a storage that may hold something: reading must not create one."""
-    from partune.core.errors import PartuneError
-    from partune.store.measurements import MEMORY
+    from partune.core import PartuneError
+    from partune.store import MEMORY
 
     if url in (MEMORY, "sqlite:///:memory:"):
         raise PartuneError(f"storage '{url}' keeps nothing after its run: explain reads the --storage "
@@ -42,8 +42,7 @@ def _storage_exists(url: str) -> bool:
 
 def _read_plan(args: argparse.Namespace):
     """(the plan, where it came from in words); the model and shapes the study names go to ``args``."""
-    from partune.core.errors import PartuneError
-    from partune.core.plan import Plan
+    from partune.core import PartuneError, Plan
 
     if args.plan:
         return Plan.load(args.plan), f"plan file {args.plan}"
@@ -60,7 +59,7 @@ def _read_plan(args: argparse.Namespace):
 
 def _load_for(args: argparse.Namespace, plan):
     """The model the plan is for: MODEL, else the one its study or the plan itself names."""
-    from partune.core.errors import ModelError, PartuneError
+    from partune.core import ModelError, PartuneError
 
     named = bool(args.model)
     args.model = args.model or plan.model
@@ -76,9 +75,9 @@ def _load_for(args: argparse.Namespace, plan):
 def _measurements(args: argparse.Namespace, plan) -> tuple[str, dict]:
     """(device, its measurements): --device, else this machine at the plan's thread count, else
     the device with the most measurements in the storage (said on stderr)."""
-    from partune.core.versions import device_fingerprint
+    from partune.core import device_fingerprint
     from partune.explain import read_measurements
-    from partune.store.measurements import STUDY_PREFIX
+    from partune.store import STUDY_PREFIX
 
     target = plan.config.default.target or {}
     device = args.device or device_fingerprint(int(target.get("num-cores", args.threads)))

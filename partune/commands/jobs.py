@@ -11,8 +11,7 @@ from partune.commands.common import format_duration, is_zoo, job_attrs, load_mod
 
 def cmd_export(args: argparse.Namespace) -> int:
     """A deploy directory from a plan file, or from the best plan a tuning study stored."""
-    from partune.core.errors import PartuneError
-    from partune.core.plan import Plan
+    from partune.core import PartuneError, Plan
     from partune.export import export
 
     spec, shapes = args.model, args.input_shape
@@ -46,8 +45,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Every tuning job in a storage: progress, time left, emitted plan and its standing."""
     import time
 
-    from partune.core.describe import fit_table
-    from partune.store.measurements import STUDY_PREFIX
+    from partune.core import fit_table
+    from partune.store import STUDY_PREFIX
 
     summaries = study_summaries(args.storage)
     stores = [s for s in summaries if s.study_name.startswith(STUDY_PREFIX)]
@@ -70,8 +69,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _print_fleet(storage, window_s: float = 600.0) -> None:
     """The devices that measured in the last ``window_s``, their rate and their workers
     (a worker's latest measurement is its heartbeat)."""
-    from partune.core.describe import fit_table
-    from partune.store.activity import fleet_activity
+    from partune.core import fit_table
+    from partune.store import fleet_activity
 
     active = [d for d in fleet_activity(storage, window_s) if d.workers]
     if not active:
@@ -116,7 +115,7 @@ def _status_row(name: str, attrs: dict, trials: dict[str, int], now: float) -> l
 def _memory_cell(peaks: dict | None) -> str:
     """A job's peak resident sizes (``MemoryPeaks`` as stored), as the summary says them."""
     from partune.commands.summary import memory_line
-    from partune.search.result import MemoryPeaks
+    from partune.search import MemoryPeaks
 
     if not peaks or not peaks.get("search"):
         return "-"
@@ -128,8 +127,7 @@ def _memory_cell(peaks: dict | None) -> str:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Markdown and PNG plots for one tuning job."""
-    from partune.core.errors import PartuneError
-    from partune.core.plan import Plan
+    from partune.core import PartuneError, Plan
     from partune.report import write_report
 
     attrs = job_attrs(args.storage, args.study)
@@ -149,11 +147,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_costmodel_eval(args: argparse.Namespace) -> int:
     """Leave-one-model-out: how well the cost model ranks each DP frontier's candidates."""
-    from partune.core.errors import PartuneError
-    from partune.cost_models.xgboost_model import XGBoostCostModel
-    from partune.frontend.models import load
-    from partune.search.cost_model_eval import Samples, leave_one_model_out, samples_for
-    from partune.store.measurements import STUDY_PREFIX, MeasurementStore
+    from partune.core import PartuneError
+    from partune.cost_models import XGBoostCostModel
+    from partune.frontend import load
+    from partune.search import Samples, leave_one_model_out, samples_for
+    from partune.store import STUDY_PREFIX, MeasurementStore
 
     stores = [s for s in study_summaries(args.storage) if s.study_name.startswith(STUDY_PREFIX)]
     if not stores:
@@ -192,14 +190,14 @@ def cmd_costmodel_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_rpc_server(args: argparse.Namespace) -> int:
-    from partune.runners.rpc import serve
+    from partune.runners import serve
 
     serve(args.tracker, args.key, host=args.host, port=args.port, port_end=args.port_end)
     return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from partune.frontend.zoo import ZOO
+    from partune.frontend import ZOO
 
     for name in sorted(ZOO):
         print(f"{name:<22} {ZOO[name].family:<12} {ZOO[name].description}")

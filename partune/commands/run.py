@@ -10,8 +10,8 @@ from partune.commands.common import load_model
 
 
 def _backend_plan(model, backend: str, threads: int):
-    from partune.core.scopes import CompilationConfig
-    from partune.search.candidates import backend_plan
+    from partune.core import CompilationConfig
+    from partune.search import backend_plan
 
     config = CompilationConfig.for_cpu([backend], threads)
     return backend_plan(model.name, model.mod, model.graph, config, backend)
@@ -22,7 +22,7 @@ def cmd_run_deployed(args: argparse.Namespace) -> int:
     import numpy as np
 
     from partune.deployed import DeployError, load
-    from partune.runners.timing import time_callable
+    from partune.runners import time_callable
 
     model = load(args.model, args.threads)
     m = model.manifest
@@ -59,16 +59,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if os.path.isdir(args.model):
         return cmd_run_deployed(args)
     from partune.bench import max_abs_error
-    from partune.core.plan import Plan
-    from partune.runners.builder import build_plan
-    from partune.runners.timing import time_callable
+    from partune.core import Plan
+    from partune.runners import build_plan, time_callable
 
     model = load_model(args)
     plan = Plan.load(args.plan) if args.plan else _backend_plan(model, args.backend, args.threads)
     if plan.model_file is not None:  # the model's own ONNX graph under one library
         from partune.backends import registry
-        from partune.runners.builder import build_model_file
-        from partune.runners.peers import model_onnx
+        from partune.runners import build_model_file, model_onnx
 
         plan.validate(model.graph, registry.names())
         built = build_model_file(plan, model_onnx(model), model.inputs, args.threads)
@@ -87,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{m.repeats}x{m.number} calls, {args.threads} thread(s))")
     print(f"max |err|  {err:.3g} vs {model.reference_source}")
     if args.verbose:
-        from partune.frontend.pipeline import describe_runs
+        from partune.frontend import describe_runs
 
         print(describe_runs(model.passes))
     if args.save_plan:

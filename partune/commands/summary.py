@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from partune.core.errors import clean_error
-from partune.search.budget import PATIENCE
-from partune.search.session import NOT_MEASURED
+from partune.core import clean_error
+from partune.search import NOT_MEASURED, PATIENCE
 
 NOISE = 0.03  # ratios closer to 1 than this are ties: run-to-run noise of interleaved medians
 

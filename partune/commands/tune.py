@@ -18,7 +18,7 @@ from partune.commands.common import (
     sqlite_file,
 )
 from partune.commands.summary import summarise
-from partune.search.budget import Budget
+from partune.search import Budget
 
 DEFAULT_TUNE_BUDGET_S = 600.0  # when tvm-tuned is named without --tune-budget or --timeout
 DEFAULT_REFINE_TRIALS = 8  # without --timeout; with one, refinement runs until it converges
@@ -29,7 +29,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import time
 
     started = time.monotonic()
-    from partune.search.tune import Progress, tune
+    from partune.search import Progress, tune
 
     job = _prepare(args)
     helpers = _start_workers(args) if args.workers > 1 else []
@@ -66,7 +66,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 notes.append(pool.summary())
     if bars:
         notes.append(bars.timeline())
-    from partune.search.result import MemoryPeaks
+    from partune.search import MemoryPeaks
 
     result.memory = MemoryPeaks.of(runner, pool)  # the workers' peaks, kept past their close
     return _finish(args, job, result, notes)
@@ -95,9 +95,9 @@ def _prepare(args: argparse.Namespace) -> _Job:
     import optuna
 
     from partune.backends import registry
-    from partune.core.errors import PartuneError
-    from partune.runners.peers import PEER_LABELS
-    from partune.store.measurements import MeasurementStore
+    from partune.core import PartuneError
+    from partune.runners import PEER_LABELS
+    from partune.store import MeasurementStore
 
     budget = Budget.of(parse_duration(args.timeout)) if args.timeout else None  # counts the import too
     backends, named, tune_budget = _backends(args, budget)
@@ -130,7 +130,7 @@ def _prepare(args: argparse.Namespace) -> _Job:
     study = optuna.create_study(study_name=study_name, storage=store.storage, load_if_exists=True)
     if not args.worker:
         _job_started(study, args)
-    from partune.cost_models.file_kept import FileKeptModel
+    from partune.cost_models import FileKeptModel
 
     auto = args.cost_model == "auto"
     if args.cost_model == "off" or (auto and args.storage in ("memory", "sqlite:///:memory:")):
@@ -138,8 +138,8 @@ def _prepare(args: argparse.Namespace) -> _Job:
     elif auto and sqlite_file(args.storage):
         args.cost_model = FileKeptModel(beside_store(args.storage, ".costmodel.json"))
     elif auto:  # a shared (PostgreSQL) store has no "beside": its workers share the one kept in it
-        from partune.cost_models.storage_kept import StorageKeptModel
-        from partune.store.measurements import shown
+        from partune.cost_models import StorageKeptModel
+        from partune.store import shown
 
         args.cost_model = StorageKeptModel(store.storage, shown(args.storage))
     else:
@@ -183,7 +183,7 @@ def _backends(args: argparse.Namespace, budget: Budget | None) -> tuple[list[str
 def _check_precision(args: argparse.Namespace, backends: list[str]) -> None:
     """bf16 only where it is real: a CPU with bf16 instructions, a backend with a bf16 path."""
     from partune.backends import registry
-    from partune.core.errors import PartuneError
+    from partune.core import PartuneError
 
     if args.precision != "bf16":
         return
@@ -233,7 +233,7 @@ def _build_pool(args: argparse.Namespace, timeout_s: float):
     """
     import tempfile
 
-    from partune.runners.build_pool import BuildPool, split_cores, unpin_search_process
+    from partune.runners import BuildPool, split_cores, unpin_search_process
 
     if args.build_pool == "off" or args.runner != "local" or args.workers > 1 or args.worker:
         return None, None
@@ -327,7 +327,7 @@ class _StatusBeat:
     def tick(self) -> None:
         import time
 
-        from partune.search.result import MemoryPeaks
+        from partune.search import MemoryPeaks
 
         if time.monotonic() - self.last < self.every_s:
             return
@@ -385,7 +385,7 @@ def _load_cost_model(kept, required: bool = True):
     when there is none yet: this run trains it). One that cannot be used is an error when the
     user named it; the default one (``auto``) is replaced instead, with a warning: a Partune
     upgrade that changes the features must not stop every later search."""
-    from partune.core.errors import PartuneError
+    from partune.core import PartuneError
 
     if kept is None:
         return None
@@ -403,8 +403,7 @@ def _update_cost_model(kept, cost_model, result, model) -> str:
     """Train on what this run measured (continuing from the loaded model) and save."""
     import numpy as np
 
-    from partune.cost_models.features import featurize
-    from partune.cost_models.xgboost_model import XGBoostCostModel
+    from partune.cost_models import XGBoostCostModel, featurize
 
     done = [(c, m) for c, m in result.trained if m.ok]
     if result.cost_model is not None:  # it learned this run's candidates during the search

@@ -6,15 +6,12 @@ phases; this is the entry point the CLI, the tests and the benchmarks use.
 
 from __future__ import annotations
 
-from partune.core.plan import Plan
-from partune.core.scopes import SEScope
-from partune.runners.build_pool import BuildPool
-from partune.runners.peers import DEFAULT_PEERS
-from partune.runners.runner import Runner
+from partune.core import Plan, SEScope
+from partune.runners import DEFAULT_PEERS, BuildPool, Runner
 from partune.search.budget import Budget
 from partune.search.result import Progress, TuneResult
 from partune.search.session import SearchSession, TuneOptions
-from partune.store.measurements import MeasurementStore
+from partune.store import MeasurementStore
 
 __all__ = ["Progress", "TuneResult", "tune"]
 
