@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 import tvm
 from tvm import relax
+from tvm.relax import dpl
 
 from partune.backends.torch_op_registry import (
     FLOATS,
@@ -284,18 +285,6 @@ def match_linear(g: Graph, i: int) -> Match | None:
     return chain, grow_chain(g, chain, linear=True, channels=shape[-1])
 
 
-def follow(g: Graph, var: relax.Var, *names: str) -> list[int] | None:
-    """Bindings of a single-user chain of calls from ``var`` with the given op names."""
-    out = []
-    for name in names:
-        i = g.sole_user(var)
-        if i is None or g.call(i, name) is None or not g.bindings[i].value.args[0].same_as(var):
-            return None
-        out.append(i)
-        var = g.bindings[i].var
-    return out
-
-
 def is_scalar_const(e: Any, value: float) -> bool:
     if not isinstance(e, GenericConst) or e.value.numpy().size != 1:
         return False
@@ -303,43 +292,56 @@ def is_scalar_const(e: Any, value: float) -> bool:
     return v == value or (v != v and value != value)
 
 
+def _safe_softmax_pattern() -> tuple[dict[str, dpl.DFPattern], dpl.DFPattern]:
+    """``where(not(bool(max(int8(not(a == c0))))), full_like(softmax(a), c1), softmax(a))``: the
+    nine bindings of torch's exported ``_safe_softmax``, by name, and the pattern (rooted at the
+    where). The constants' values and the max's axis are checked after the match."""
+    a = dpl.wildcard()
+    p = {"softmax": dpl.is_op("relax.nn.softmax")(a), "equal": dpl.is_op("relax.equal")(a, dpl.is_const())}
+    p["not"] = dpl.is_op("relax.logical_not")(p["equal"])
+    p["int8"] = dpl.is_op("relax.astype")(p["not"])
+    p["max"] = dpl.is_op("relax.max")(p["int8"])
+    p["bool"] = dpl.is_op("relax.astype")(p["max"])
+    p["masked"] = dpl.is_op("relax.logical_not")(p["bool"])
+    p["fill"] = dpl.is_op("relax.full_like")(p["softmax"], dpl.is_const())
+    p["where"] = dpl.is_op("relax.where")(p["masked"], p["fill"], p["softmax"])
+    return p, p["where"]
+
+
+SAFE_SOFTMAX = _safe_softmax_pattern()
+
+
 def match_safe_softmax(g: Graph, i: int) -> Match | None:
     """torch's ``_safe_softmax`` as exported: softmax, zeroed on rows that are all -inf.
 
-    The nine bindings (softmax, equal -inf, not, astype int8, max, astype bool, not,
-    full_like 0, where) become softmax plus one in-place masked fill.
+    The nine bindings (``SAFE_SOFTMAX``, matched with DPL from the where at ``i``) become
+    softmax plus one in-place masked fill, where no value inside is read from outside.
     """
-    sm = g.call(i, "relax.nn.softmax")
-    if sm is None:
+    if g.call(i, "relax.where") is None:
         return None
-    a, s_var = sm.args[0], g.bindings[i].var
+    parts, root = SAFE_SOFTMAX
+    var2val = {b.var: b.value for b in g.bindings}
+    found = root.extract_matched_expr(g.bindings[i].value, var2val)
+    if found is None:
+        return None
+    at = {b.value: j for j, b in enumerate(g.bindings)}
+    members = [at.get(found[p]) for p in parts.values()]
+    if None in members:
+        return None
+    sm, eq, mx, fill = (found[parts[k]] for k in ("softmax", "equal", "max", "fill"))
+    a = sm.args[0]
     shape, dtype = tensor_type(a.ty)
     axis = norm_axis(int(sm.attrs.axis), len(shape))
-    if dtype not in FLOATS or s_var in g.outputs:
+    if (dtype not in FLOATS or not is_scalar_const(eq.args[1], float("-inf"))
+            or not is_scalar_const(fill.args[1], 0.0) or mx.attrs.axis is None or not bool(mx.attrs.keepdims)
+            or [norm_axis(int(x), len(shape)) for x in mx.attrs.axis] != [axis]):
         return None
-    eq = [j for j in g.users.get(a, []) if (c := g.call(j, "relax.equal")) is not None
-          and c.args[0].same_as(a) and is_scalar_const(c.args[1], float("-inf"))]
-    if len(eq) != 1:
-        return None
-    rest = follow(g, g.bindings[eq[0]].var, "relax.logical_not", "relax.astype", "relax.max",
-                  "relax.astype", "relax.logical_not")
-    if rest is None:
-        return None
-    mx = g.bindings[rest[2]].value
-    if mx.attrs.axis is None or [norm_axis(int(x), len(shape)) for x in mx.attrs.axis] != [axis] \
-            or not bool(mx.attrs.keepdims):
-        return None
-    users = sorted(g.users.get(s_var, []))
-    fills = [j for j in users if (c := g.call(j, "relax.full_like")) is not None and is_scalar_const(c.args[1], 0.0)]
-    wheres = [j for j in users if g.call(j, "relax.where") is not None]
-    if len(users) != 2 or len(fills) != 1 or len(wheres) != 1 or g.sole_user(g.bindings[fills[0]].var) != wheres[0]:
-        return None
-    w = g.bindings[wheres[0]].value
-    if not (w.args[0].same_as(g.bindings[rest[-1]].var) and w.args[1].same_as(g.bindings[fills[0]].var)
-            and w.args[2].same_as(s_var)) or g.sole_user(g.bindings[rest[-1]].var) != wheres[0]:
-        return None
-    members = [i, eq[0], *rest, fills[0], wheres[0]]
-    return Chain(members, data=a, axis=axis), g.bindings[wheres[0]].var
+    inside = set(members)
+    for j in members[:-1]:  # every value but the result is read only inside, and not returned
+        var = g.bindings[j].var
+        if var in g.outputs or not set(g.users.get(var, [])) <= inside:
+            return None
+    return Chain(sorted(members), data=a, axis=axis), g.bindings[i].var
 
 
 MATCHERS: tuple[tuple[str, Callable[[Graph, int], Match | None]], ...] = (

@@ -273,6 +273,27 @@ def test_safe_softmax_is_one_step_and_zeroes_masked_rows(backend: TorchBackend) 
     assert np.all(got[0, 1] == 0)
 
 
+def test_safe_softmax_whose_mask_is_also_read_stays_unfused_and_exact(backend: TorchBackend) -> None:
+    """The DPL match needs every value inside to be read only inside: a mask read outside
+    (here returned) keeps the nine steps apart."""
+    def leaking(bb: relax.BlockBuilder, a: relax.Var) -> relax.Expr:
+        s = bb.emit(O.nn.softmax(a, axis=-1))
+        e = bb.emit(O.equal(a, const(float("-inf"))))
+        n = bb.emit(O.logical_not(e))
+        i = bb.emit(O.astype(n, "int8"))
+        m = bb.emit(O.max(i, axis=[-1], keepdims=True))
+        nb = bb.emit(O.logical_not(bb.emit(O.astype(m, "bool"))))
+        z = bb.emit(O.full_like(s, const(0.0)))
+        return bb.emit(relax.Tuple([bb.emit(O.where(nb, z, s)), nb]))
+
+    func = function([((2, 3, 4), "float32")], leaking)
+    assert backend.build_region(func, SCOPE, 1).num_steps > 1
+    a = sample((2, 3, 4), "float32")
+    a[0, 1, :] = -np.inf
+    for got, ref in zip(run(backend, func, a), run_tvm(func, a), strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_chain_stops_where_an_intermediate_escapes(backend: TorchBackend) -> None:
     """A conv result that is also returned cannot be absorbed into its bias add."""
     def body(bb: relax.BlockBuilder, x: relax.Var) -> relax.Expr:
