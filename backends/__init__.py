@@ -24,14 +24,29 @@ __all__ = [
     "sha256",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "base": ("BackendError",),
-    "checksum": ("checksums", "first_damaged",),
-    "model_file": ("LIBRARIES", "ModelFileError", "open_model_file", "openvino_model", "sha256",),
-    "onnx_graph": ("OnnxGraph",),
-    "openvino_backend": ("compile_config", "openvino_core",),
-    "registry": ("UnknownBackendError",),
-    "relax_onnx": ("relax_to_onnx",),
-    "settings": ("Settings",),
-    "tvm_backend": ("compile_module",),
-})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "base": ("BackendError",),
+        "checksum": (
+            "checksums",
+            "first_damaged",
+        ),
+        "model_file": (
+            "LIBRARIES",
+            "ModelFileError",
+            "open_model_file",
+            "openvino_model",
+            "sha256",
+        ),
+        "onnx_graph": ("OnnxGraph",),
+        "openvino_backend": (
+            "compile_config",
+            "openvino_core",
+        ),
+        "registry": ("UnknownBackendError",),
+        "relax_onnx": ("relax_to_onnx",),
+        "settings": ("Settings",),
+        "tvm_backend": ("compile_module",),
+    },
+)

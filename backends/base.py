@@ -94,7 +94,9 @@ class Backend(ABC):
     def configure(self, settings: Settings) -> None:  # noqa: B027 - optional hook
         """Read the settings this backend uses (``partune.backends.settings``)."""
 
-    def tune_region(self, func: relax.Function, scope: SEScope, trials: int, timeout_s: float) -> dict:
+    def tune_region(
+        self, func: relax.Function, scope: SEScope, trials: int, timeout_s: float
+    ) -> dict:
         """Tune ``func`` for ``scope`` before it is built (``autotuned`` backends only).
 
         Returns a JSON-able report. Work already done (a persistent database) is reused,

@@ -62,8 +62,14 @@ def request_key(req: dict) -> str:
     if file:
         st = os.stat(file)
         stamp = (file, st.st_mtime_ns, st.st_size, module.get("nodes"))
-    return _digest(FORMAT, req["backend"], req["function"], req["scope"], *([stamp] if stamp else []),
-                   data=module.get("text", ""))
+    return _digest(
+        FORMAT,
+        req["backend"],
+        req["function"],
+        req["scope"],
+        *([stamp] if stamp else []),
+        data=module.get("text", ""),
+    )
 
 
 @functools.cache
@@ -83,8 +89,12 @@ def entry_for(req: dict, write: bool) -> Entry | None:
     root = req.get("build_cache")
     if not root:
         return None
-    return Entry(root, _digest(request_key(req), req.get("threads", 1), machine()), write,
-                 consume=bool(req.get("build_cache_once")) and not write)
+    return Entry(
+        root,
+        _digest(request_key(req), req.get("threads", 1), machine()),
+        write,
+        consume=bool(req.get("build_cache_once")) and not write,
+    )
 
 
 @dataclass
@@ -175,8 +185,11 @@ def _last_line(e: BaseException) -> str:
 
 
 def _write_manifest(directory: str) -> None:
-    names = sorted(n for n in os.listdir(directory)
-                   if n != MANIFEST and os.path.isfile(os.path.join(directory, n)))
+    names = sorted(
+        n
+        for n in os.listdir(directory)
+        if n != MANIFEST and os.path.isfile(os.path.join(directory, n))
+    )
     with open(os.path.join(directory, MANIFEST), "w") as f:
         json.dump({"format": FORMAT, "files": checksums(directory, names)}, f)
 
@@ -236,7 +249,9 @@ def remove_stale(root: str, older_than_s: float = 3600.0) -> None:
                     os.unlink(full)
 
 
-_active: contextvars.ContextVar[Entry | None] = contextvars.ContextVar("partune_build_cache", default=None)
+_active: contextvars.ContextVar[Entry | None] = contextvars.ContextVar(
+    "partune_build_cache", default=None
+)
 
 
 def current() -> Entry | None:

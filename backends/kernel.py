@@ -64,7 +64,9 @@ class BoundKernel(ABC):
         views = [np.from_dlpack(a) for a in args]
         for view, (name, dtype, shape) in zip(views, specs, strict=True):
             if view.dtype != dtype or view.shape != shape or not view.flags.c_contiguous:
-                raise BackendError(f"{name}: got {view.dtype}{list(view.shape)}, want {dtype}{list(shape)}")
+                raise BackendError(
+                    f"{name}: got {view.dtype}{list(view.shape)}, want {dtype}{list(shape)}"
+                )
         try:
             run = self.bind_zero_copy(args, views[:n_in], views[n_in:])
         except (RuntimeError, TypeError, ValueError):  # a buffer the runtime will not wrap: copy
@@ -76,8 +78,9 @@ class BoundKernel(ABC):
         return run
 
     @abstractmethod
-    def bind_zero_copy(self, args: Sequence[Any], ins: list[np.ndarray],
-                       outs: list[np.ndarray]) -> Callable[[], Any]:
+    def bind_zero_copy(
+        self, args: Sequence[Any], ins: list[np.ndarray], outs: list[np.ndarray]
+    ) -> Callable[[], Any]:
         """Bind inputs and outputs to the caller's memory; raise if the runtime would copy."""
 
     @abstractmethod

@@ -49,8 +49,9 @@ class ModelFileRun:
         return lambda: self.run(inputs)
 
 
-def open_model_file(library: str, data: bytes, inputs: list[np.ndarray], threads: int,
-                    precision: str = "f32") -> ModelFileRun:
+def open_model_file(
+    library: str, data: bytes, inputs: list[np.ndarray], threads: int, precision: str = "f32"
+) -> ModelFileRun:
     """Compile ``data`` (ONNX bytes) with ``library`` for inputs shaped like ``inputs``, to
     compute in ``precision`` (bf16: OpenVINO only, as its CPU plugin does by default on
     CPUs with bf16 instructions)."""
@@ -99,15 +100,24 @@ def openvino_model(data: bytes, inputs: list[np.ndarray]):
     if len(model.inputs) != len(inputs):
         raise ModelFileError(f"the file takes {len(model.inputs)} inputs, the model {len(inputs)}")
     if model.is_dynamic():
-        model.reshape({port: ov.PartialShape(list(a.shape)) for port, a in zip(model.inputs, inputs, strict=True)})
+        model.reshape(
+            {
+                port: ov.PartialShape(list(a.shape))
+                for port, a in zip(model.inputs, inputs, strict=True)
+            }
+        )
     return model
 
 
-def _openvino(data: bytes, inputs: list[np.ndarray], threads: int, precision: str = "f32") -> ModelFileRun:
+def _openvino(
+    data: bytes, inputs: list[np.ndarray], threads: int, precision: str = "f32"
+) -> ModelFileRun:
     from partune.backends.openvino_backend import compile_config, openvino_core
 
     try:
-        compiled = openvino_core().compile_model(openvino_model(data, inputs), "CPU", compile_config(threads, precision))
+        compiled = openvino_core().compile_model(
+            openvino_model(data, inputs), "CPU", compile_config(threads, precision)
+        )
     except ModelFileError:
         raise
     except Exception as e:  # noqa: BLE001 - OpenVINO raises RuntimeError, OpConversionFailure, ...

@@ -149,7 +149,9 @@ class OnnxGraph:
 
     def add_input(self, name: str, ty: tvm.ir.Type) -> str:
         name = self.fresh(name)
-        self.inputs.append(helper.make_tensor_value_info(name, ONNX_DTYPES[tensor_dtype(ty)], tensor_shape(ty)))
+        self.inputs.append(
+            helper.make_tensor_value_info(name, ONNX_DTYPES[tensor_dtype(ty)], tensor_shape(ty))
+        )
         return name
 
     def array(self, arr: np.ndarray) -> str:

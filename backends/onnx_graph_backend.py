@@ -80,8 +80,10 @@ _SPECS = "specs.json"  # a cached region kernel's input and output names, dtypes
 
 
 def save_specs(directory: str, kernel: BoundKernel) -> None:
-    doc = {side: [[n, str(d), list(s)] for n, d, s in specs]
-           for side, specs in zip(("inputs", "outputs"), kernel.specs, strict=True)}
+    doc = {
+        side: [[n, str(d), list(s)] for n, d, s in specs]
+        for side, specs in zip(("inputs", "outputs"), kernel.specs, strict=True)
+    }
     with open(os.path.join(directory, _SPECS), "w") as f:
         json.dump(doc, f)
 
@@ -89,8 +91,10 @@ def save_specs(directory: str, kernel: BoundKernel) -> None:
 def load_specs(directory: str) -> tuple[list[Spec], list[Spec]]:
     with open(os.path.join(directory, _SPECS)) as f:
         doc = json.load(f)
-    return tuple([(n, np.dtype(d), tuple(s)) for n, d, s in doc[side]]  # type: ignore[return-value]
-                 for side in ("inputs", "outputs"))
+    return tuple(
+        [(n, np.dtype(d), tuple(s)) for n, d, s in doc[side]]  # type: ignore[return-value]
+        for side in ("inputs", "outputs")
+    )
 
 
 class OnnxGraphBackend(Backend):
@@ -128,7 +132,9 @@ class OnnxGraphBackend(Backend):
         return self.kernel(relax_to_onnx(func, self.opset), func, threads, scope.compute_precision)
 
     @abstractmethod
-    def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int, precision: str = "f32") -> Any:
+    def kernel(
+        self, model: onnx.ModelProto, func: relax.Function, threads: int, precision: str = "f32"
+    ) -> Any:
         """Compile the region's ONNX graph to compute in ``precision`` and return its
         destination-passing kernel (stored in the active build cache entry, if any, for
         ``load_kernel``)."""

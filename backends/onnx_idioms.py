@@ -41,13 +41,20 @@ Rewrite = Callable[["_View", onnx.NodeProto], bool]
 class _View:
     """The graph's nodes with producers, use counts and constant values, kept current."""
 
-    def __init__(self, graph: onnx.GraphProto, ranks: dict[str, int],
-                 shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+    def __init__(
+        self,
+        graph: onnx.GraphProto,
+        ranks: dict[str, int],
+        shapes: dict[str, tuple[int, ...]] | None = None,
+    ) -> None:
         self.graph = graph
         self.rank = ranks
         self.shape = shapes or {}
-        self.consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer
-                       if int(np.prod(t.dims)) <= 16}
+        self.consts = {
+            t.name: numpy_helper.to_array(t)
+            for t in graph.initializer
+            if int(np.prod(t.dims)) <= 16
+        }
         self.initializers = {t.name: t for t in graph.initializer}
         self.outputs = {o.name for o in graph.output}
         self.nodes: list[onnx.NodeProto] = list(graph.node)
@@ -70,7 +77,9 @@ class _View:
 
     def made_by(self, name: str, op_type: str) -> onnx.NodeProto | None:
         node = self.producer.get(name)
-        return node if node is not None and node.op_type == op_type and self.only_use(name) else None
+        return (
+            node if node is not None and node.op_type == op_type and self.only_use(name) else None
+        )
 
     def split(self, node: onnx.NodeProto) -> tuple[str, float] | None:
         """A binary node with one scalar-constant input: (the other input, the constant)."""
@@ -130,8 +139,10 @@ def _hard_sigmoid(view: _View, node: onnx.NodeProto) -> bool:
     mul = view.made_by(s[0], "Mul")
     if mul is None or (m := view.split(mul)) is None:
         return False
-    view.replace([node, add, mul], helper.make_node(
-        "HardSigmoid", [m[0]], [node.output[0]], alpha=m[1], beta=s[1]))
+    view.replace(
+        [node, add, mul],
+        helper.make_node("HardSigmoid", [m[0]], [node.output[0]], alpha=m[1], beta=s[1]),
+    )
     return True
 
 
@@ -143,7 +154,13 @@ def _global_pool(view: _View, node: onnx.NodeProto) -> bool:
         return False
     attrs = {a.name: a for a in node.attribute}
     rank = view.rank.get(node.input[0])
-    if rank is None or rank < 3 or "axes" not in attrs or attrs.get("keepdims") and attrs["keepdims"].i == 0:
+    if (
+        rank is None
+        or rank < 3
+        or "axes" not in attrs
+        or attrs.get("keepdims")
+        and attrs["keepdims"].i == 0
+    ):
         return False
     if sorted(a % rank for a in attrs["axes"].ints) != list(range(2, rank)):
         return False
@@ -164,7 +181,11 @@ def _spatial_mean_of(view: _View, name: str, rank: int) -> str | None:
     attrs = {a.name: a for a in node.attribute}
     if "axes" not in attrs or ("keepdims" in attrs and attrs["keepdims"].i == 0):
         return None
-    return node.input[0] if sorted(a % rank for a in attrs["axes"].ints) == list(range(2, rank)) else None
+    return (
+        node.input[0]
+        if sorted(a % rank for a in attrs["axes"].ints) == list(range(2, rank))
+        else None
+    )
 
 
 def _channel_vector(view: _View, name: str, x_shape: tuple[int, ...]) -> np.ndarray | None:
@@ -209,25 +230,58 @@ def _instance_norm(view: _View, node: onnx.NodeProto) -> bool:
     if sq is None or sq.input[0] != sq.input[1]:
         return False
     dev = view.producer.get(sq.input[0])
-    if (dev is None or dev.op_type != "Sub" or view.uses[sq.input[0]] != 2 or sq.input[0] in view.outputs
-            or dev.input[0] != x or _spatial_mean_of(view, dev.input[1], len(shape)) != x):
+    if (
+        dev is None
+        or dev.op_type != "Sub"
+        or view.uses[sq.input[0]] != 2
+        or sq.input[0] in view.outputs
+        or dev.input[0] != x
+        or _spatial_mean_of(view, dev.input[1], len(shape)) != x
+    ):
         return False
-    chain = [node, sub, view.producer[sub.input[1]], sqrt, add, mean_node, sq, dev,
-             view.producer[dev.input[1]]]
+    chain = [
+        node,
+        sub,
+        view.producer[sub.input[1]],
+        sqrt,
+        add,
+        mean_node,
+        sq,
+        dev,
+        view.producer[dev.input[1]],
+    ]
     c = shape[1]
     scale, shift = np.ones(c, np.float32), np.zeros(c, np.float32)
     out = node.output[0]
     mul = view.consumer(out, "Mul")
-    if mul is not None and (v := _channel_vector(view, mul.input[1] if mul.input[0] == out else mul.input[0],
-                                                 shape)) is not None:
+    if (
+        mul is not None
+        and (
+            v := _channel_vector(view, mul.input[1] if mul.input[0] == out else mul.input[0], shape)
+        )
+        is not None
+    ):
         scale, out = v, mul.output[0]
         chain.insert(0, mul)
         shift_add = view.consumer(out, "Add")
-        if shift_add is not None and (b := _channel_vector(
-                view, shift_add.input[1] if shift_add.input[0] == out else shift_add.input[0], shape)) is not None:
+        if (
+            shift_add is not None
+            and (
+                b := _channel_vector(
+                    view,
+                    shift_add.input[1] if shift_add.input[0] == out else shift_add.input[0],
+                    shape,
+                )
+            )
+            is not None
+        ):
             shift, out = b, shift_add.output[0]
             chain.insert(0, shift_add)
-    inputs = [x, view.add_initializer(scale, f"{out}_scale"), view.add_initializer(shift, f"{out}_shift")]
+    inputs = [
+        x,
+        view.add_initializer(scale, f"{out}_scale"),
+        view.add_initializer(shift, f"{out}_shift"),
+    ]
     view.replace(chain, helper.make_node("InstanceNormalization", inputs, [out], epsilon=eps))
     return True
 
@@ -260,17 +314,25 @@ def _batch_norm(view: _View, node: onnx.NodeProto) -> bool:
     chain, out = [div, node], div.output[0]
     gamma, beta = np.ones_like(std), np.zeros_like(std)
     mul = view.consumer(out, "Mul")
-    if mul is not None and (g := _const_operand(view, mul, out)) is not None and (
-            v := _channel_vector(view, g, shape)) is not None:
+    if (
+        mul is not None
+        and (g := _const_operand(view, mul, out)) is not None
+        and (v := _channel_vector(view, g, shape)) is not None
+    ):
         gamma, out = v, mul.output[0]
         chain.insert(0, mul)
     add = view.consumer(out, "Add")
-    if add is not None and (b := _const_operand(view, add, out)) is not None and (
-            v := _channel_vector(view, b, shape)) is not None:
+    if (
+        add is not None
+        and (b := _const_operand(view, add, out)) is not None
+        and (v := _channel_vector(view, b, shape)) is not None
+    ):
         beta, out = v, add.output[0]
         chain.insert(0, add)
-    inputs = [x] + [view.add_initializer(a, f"{out}_{k}") for k, a in
-                    (("scale", gamma), ("bias", beta), ("mean", mean), ("var", std * std))]
+    inputs = [x] + [
+        view.add_initializer(a, f"{out}_{k}")
+        for k, a in (("scale", gamma), ("bias", beta), ("mean", mean), ("var", std * std))
+    ]
     view.replace(chain, helper.make_node("BatchNormalization", inputs, [out], epsilon=0.0))
     return True
 
@@ -292,16 +354,31 @@ def _conv_transpose_bias(view: _View, node: onnx.NodeProto) -> bool:
     if bias is None:
         return False
     inputs = [*node.input, view.add_initializer(bias, f"{add.output[0]}_bias")]
-    view.replace([add, node], helper.make_node("ConvTranspose", inputs, list(add.output), name=node.name,
-                                               **{a.name: helper.get_attribute_value(a) for a in node.attribute}))
+    view.replace(
+        [add, node],
+        helper.make_node(
+            "ConvTranspose",
+            inputs,
+            list(add.output),
+            name=node.name,
+            **{a.name: helper.get_attribute_value(a) for a in node.attribute},
+        ),
+    )
     return True
 
 
-REWRITES: tuple[Rewrite, ...] = (_hard_sigmoid, _instance_norm, _batch_norm, _global_pool, _conv_transpose_bias)
+REWRITES: tuple[Rewrite, ...] = (
+    _hard_sigmoid,
+    _instance_norm,
+    _batch_norm,
+    _global_pool,
+    _conv_transpose_bias,
+)
 
 
-def fuse_idioms(model: onnx.ModelProto, ranks: dict[str, int],
-                shapes: dict[str, tuple[int, ...]] | None = None) -> onnx.ModelProto:
+def fuse_idioms(
+    model: onnx.ModelProto, ranks: dict[str, int], shapes: dict[str, tuple[int, ...]] | None = None
+) -> onnx.ModelProto:
     """``model`` with the chains above replaced by their fused ops (the graph is edited in place;
     the model returned may be a new one, and is the one to use).
 
@@ -325,6 +402,8 @@ def fuse_idioms(model: onnx.ModelProto, ranks: dict[str, int],
         if len(live) != len(model.graph.initializer):
             del model.graph.initializer[:]
             model.graph.initializer.extend(live)
-    if any(n.op_type in ("Clip", "HardSigmoid") for n in model.graph.node):  # else skip the IR round trip
+    if any(
+        n.op_type in ("Clip", "HardSigmoid") for n in model.graph.node
+    ):  # else skip the IR round trip
         model = onnxscript.rewriter.rewrite(model, fuse_hardswish_rules())
     return model

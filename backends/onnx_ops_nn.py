@@ -63,8 +63,9 @@ _CONV_TRANSPOSE_LAYOUTS: dict[str, tuple[str, str]] = {
 }
 
 
-def _conv_operands(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type,
-                   layouts: tuple[str, str]) -> tuple[list[str], dict[str, Any]]:
+def _conv_operands(
+    g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type, layouts: tuple[str, str]
+) -> tuple[list[str], dict[str, Any]]:
     """Checked layouts; (data, weight) cast to the output dtype; the attributes Conv and
     ConvTranspose share. Relax pads are (begins..., ends...), as ONNX ``pads`` are."""
     a = call.attrs
@@ -73,8 +74,13 @@ def _conv_operands(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type,
     out = tensor_dtype(ty)
     x = g.cast(g.tensor(call.args[0]), arg_dtype(call, 0), out)
     w = g.cast(g.tensor(call.args[1]), arg_dtype(call, 1), out)
-    attrs = {"kernel_shape": list(tensor_shape(call.args[1].ty)[2:]), "strides": int_list(a.strides),
-             "pads": int_list(a.padding), "dilations": int_list(a.dilation), "group": int(a.groups)}
+    attrs = {
+        "kernel_shape": list(tensor_shape(call.args[1].ty)[2:]),
+        "strides": int_list(a.strides),
+        "pads": int_list(a.padding),
+        "dilations": int_list(a.dilation),
+        "group": int(a.groups),
+    }
     return [x, w], attrs
 
 
@@ -91,19 +97,27 @@ def _conv_transpose(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     """Transposed convolution; the same output size formula as ONNX with explicit pads and
     output_padding (strict shape inference checks it against the Relax type)."""
     inputs, attrs = _conv_operands(g, call, ty, _CONV_TRANSPOSE_LAYOUTS[op_name(call)])
-    return g.node("ConvTranspose", inputs, output_padding=int_list(call.attrs.output_padding), **attrs)
+    return g.node(
+        "ConvTranspose", inputs, output_padding=int_list(call.attrs.output_padding), **attrs
+    )
 
 
 def _pool_common(a: Any) -> dict[str, Any]:
     _check_layouts(a, {"layout": "NCHW", "out_layout": "NCHW"})
-    return {"kernel_shape": int_list(a.pool_size), "strides": int_list(a.strides),
-            "pads": int_list(a.padding), "ceil_mode": int(bool(a.ceil_mode))}
+    return {
+        "kernel_shape": int_list(a.pool_size),
+        "strides": int_list(a.strides),
+        "pads": int_list(a.padding),
+        "ceil_mode": int(bool(a.ceil_mode)),
+    }
 
 
 @_register("relax.nn.max_pool2d")
 def _max_pool2d(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     a = call.attrs
-    return g.node("MaxPool", [g.tensor(call.args[0])], dilations=int_list(a.dilation), **_pool_common(a))
+    return g.node(
+        "MaxPool", [g.tensor(call.args[0])], dilations=int_list(a.dilation), **_pool_common(a)
+    )
 
 
 @_register("relax.nn.avg_pool2d")
@@ -114,8 +128,12 @@ def _avg_pool2d(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
         if g.opset < 19:
             raise BackendError("dilated average pooling needs opset 19")
         attrs["dilations"] = int_list(a.dilation)
-    return g.node("AveragePool", [g.tensor(call.args[0])],
-                  count_include_pad=int(bool(a.count_include_pad)), **attrs)
+    return g.node(
+        "AveragePool",
+        [g.tensor(call.args[0])],
+        count_include_pad=int(bool(a.count_include_pad)),
+        **attrs,
+    )
 
 
 @_register("relax.nn.adaptive_avg_pool2d")

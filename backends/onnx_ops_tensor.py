@@ -47,8 +47,11 @@ def _reduce(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     if op == "ReduceMean" and dtype not in FLOATS:
         raise BackendError("integer mean rounds differently")
     ndim = len(tensor_shape(call.args[0].ty))
-    axes = list(range(ndim)) if call.attrs.axis is None else sorted(
-        norm_axis(int(ax), ndim) for ax in call.attrs.axis)
+    axes = (
+        list(range(ndim))
+        if call.attrs.axis is None
+        else sorted(norm_axis(int(ax), ndim) for ax in call.attrs.axis)
+    )
     keep = int(bool(call.attrs.keepdims))
     x = g.tensor(call.args[0])
     if not axes:
@@ -65,8 +68,11 @@ def _variance(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     if dtype not in FLOATS:
         raise BackendError("integer variance rounds differently")
     ndim = len(tensor_shape(call.args[0].ty))
-    axes = list(range(ndim)) if call.attrs.axis is None else sorted(
-        norm_axis(int(ax), ndim) for ax in call.attrs.axis)
+    axes = (
+        list(range(ndim))
+        if call.attrs.axis is None
+        else sorted(norm_axis(int(ax), ndim) for ax in call.attrs.axis)
+    )
     if not axes:
         raise BackendError("variance over no axes")
     x = g.tensor(call.args[0])
@@ -191,8 +197,9 @@ def _cumsum(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     axis = call.attrs.axis
     if axis is None:
         x, axis = g.reshape(x, [-1]), 0
-    summed = g.node("CumSum", [x, g.scalar(int(axis), "int64")],
-                    exclusive=int(bool(call.attrs.exclusive)))
+    summed = g.node(
+        "CumSum", [x, g.scalar(int(axis), "int64")], exclusive=int(bool(call.attrs.exclusive))
+    )
     return g.cast(summed, work, out)
 
 
@@ -208,7 +215,9 @@ def _arange(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
 
 def _fill(g: OnnxGraph, fill: str, fill_dtype: str, ty: tvm.ir.Type) -> str:
     """A static-shape constant tensor: a scalar Expanded to the output shape."""
-    return g.node("Expand", [g.cast(fill, fill_dtype, tensor_dtype(ty)), g.int64s(tensor_shape(ty))])
+    return g.node(
+        "Expand", [g.cast(fill, fill_dtype, tensor_dtype(ty)), g.int64s(tensor_shape(ty))]
+    )
 
 
 @_register("relax.full")

@@ -90,8 +90,10 @@ def binding_accepted(binding: relax.Binding, opset: int = MIN_OPSET) -> bool:
 def model_specs(model: onnx.ModelProto) -> tuple[list[Spec], list[Spec]]:
     """(name, dtype, shape) of the inputs and of the outputs of a region's ONNX graph."""
     graph = model.graph
-    return ([(i.name, _info_dtype(i), _info_shape(i)) for i in graph.input],
-            [(o.name, _info_dtype(o), _info_shape(o)) for o in graph.output])
+    return (
+        [(i.name, _info_dtype(i), _info_shape(i)) for i in graph.input],
+        [(o.name, _info_dtype(o), _info_shape(o)) for o in graph.output],
+    )
 
 
 class OrtRegionKernel(BoundKernel):
@@ -104,15 +106,16 @@ class OrtRegionKernel(BoundKernel):
         self.session = session
         self._live = {i.name for i in session.get_inputs()}  # ORT drops unused inputs
 
-    def bind_zero_copy(self, args: Sequence[Any], ins: list[np.ndarray],
-                       outs: list[np.ndarray]) -> Callable[[], Any]:
+    def bind_zero_copy(
+        self, args: Sequence[Any], ins: list[np.ndarray], outs: list[np.ndarray]
+    ) -> Callable[[], Any]:
         """Bind every input and output by address; returns the cheapest way to run it."""
         binding = self.session.io_binding()
         ptrs = [a.data_ptr() for a in args]
-        for view, ptr, (name, _, _) in zip(ins, ptrs[:len(ins)], self._in, strict=True):
+        for view, ptr, (name, _, _) in zip(ins, ptrs[: len(ins)], self._in, strict=True):
             if name in self._live:
                 binding.bind_input(name, "cpu", 0, view.dtype, view.shape, ptr)
-        for view, ptr, (name, _, _) in zip(outs, ptrs[len(ins):], self._out, strict=True):
+        for view, ptr, (name, _, _) in zip(outs, ptrs[len(ins) :], self._out, strict=True):
             binding.bind_output(name, "cpu", 0, view.dtype, view.shape, ptr)
         # The C-level objects skip the public wrapper's per-call Python checks.
         c_sess, c_bind = getattr(self.session, "_sess", None), getattr(binding, "_iobinding", None)
@@ -124,7 +127,9 @@ class OrtRegionKernel(BoundKernel):
         return functools.partial(self._run_copying, ins, outs)
 
     def _run_copying(self, ins: list[np.ndarray], outs: list[np.ndarray]) -> None:
-        feeds = {name: v for v, (name, _, _) in zip(ins, self._in, strict=True) if name in self._live}
+        feeds = {
+            name: v for v, (name, _, _) in zip(ins, self._in, strict=True) if name in self._live
+        }
         for dst, res in zip(outs, self.session.run(self.output_names, feeds), strict=True):
             np.copyto(dst, res)
 
@@ -171,8 +176,11 @@ def make_session(model: onnx.ModelProto, threads: int, save_optimized: str | Non
     import onnxruntime as ort
 
     data = model.SerializeToString()
-    levels = [ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-              ort.GraphOptimizationLevel.ORT_DISABLE_ALL]
+    levels = [
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    ]
     first: Exception | None = None
     for level in levels:
         so = session_options(threads, level)
@@ -181,8 +189,12 @@ def make_session(model: onnx.ModelProto, threads: int, save_optimized: str | Non
                 os.unlink(save_optimized)
             so.optimized_model_filepath = save_optimized
         try:
-            return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"],
-                                        disabled_optimizers=list(DISABLED_OPTIMIZERS))
+            return ort.InferenceSession(
+                data,
+                so,
+                providers=["CPUExecutionProvider"],
+                disabled_optimizers=list(DISABLED_OPTIMIZERS),
+            )
         except Exception as e:  # noqa: BLE001 - try a lower level, report the first reason
             first = first or e
     raise BackendError(f"onnxruntime could not load the region: {first}") from first
@@ -208,14 +220,16 @@ class OnnxRuntimeBackend(OnnxGraphBackend):
     def accepts(self, binding: relax.Binding) -> bool:
         return binding_accepted(binding, self.opset)
 
-    def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int,
-               precision: str = "f32") -> OrtRegionKernel:
+    def kernel(
+        self, model: onnx.ModelProto, func: relax.Function, threads: int, precision: str = "f32"
+    ) -> OrtRegionKernel:
         """A session with all graph optimisations; a build worker stores the graph ORT optimised."""
         entry = build_cache.current()
         scratch = entry.scratch(".onnx") if entry is not None else None
         try:
             kernel = OrtRegionKernel(make_session(model, threads, scratch), *model_specs(model))
             if entry is not None and scratch is not None and os.path.exists(scratch):
+
                 def write(d: str) -> None:
                     os.replace(scratch, os.path.join(d, _ORT_MODEL))
                     save_specs(d, kernel)
@@ -228,8 +242,9 @@ class OnnxRuntimeBackend(OnnxGraphBackend):
         return kernel
 
     def load_kernel(self, directory: str, threads: int, precision: str = "f32") -> OrtRegionKernel:
-        return OrtRegionKernel(load_session(os.path.join(directory, _ORT_MODEL), threads),
-                               *load_specs(directory))
+        return OrtRegionKernel(
+            load_session(os.path.join(directory, _ORT_MODEL), threads), *load_specs(directory)
+        )
 
     def library_version(self) -> str:
         """ORT's version and the optimisers left out: a cached graph was optimised with them."""

@@ -60,21 +60,48 @@ _NEVER = frozenset({"float64", "uint32", "uint64"})  # computed in another preci
 _SMALL_INTS = frozenset({"int8", "uint8", "int16", "uint16"})  # every value exact in f32
 _INTS = _SMALL_INTS | {"int32", "int64"}
 _TRUTHY = _SMALL_INTS | {"bool"}  # nonzero -> true is exact (no NaN, no narrowing)
-_MOVE = frozenset({
-    "relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatten",
-    "relax.permute_dims", "relax.broadcast_to", "relax.concat", "relax.split",
-    "relax.strided_slice", "relax.take", "relax.index_tensor", "relax.gather_elements", "relax.where",
-    "relax.full", "relax.full_like", "relax.zeros", "relax.zeros_like", "relax.ones",
-    "relax.ones_like", "relax.arange",
-})
-_COMPARE = frozenset({
-    "relax.equal", "relax.not_equal", "relax.less", "relax.less_equal", "relax.greater",
-    "relax.greater_equal", "relax.maximum", "relax.minimum", "relax.clip",
-})
+_MOVE = frozenset(
+    {
+        "relax.reshape",
+        "relax.expand_dims",
+        "relax.squeeze",
+        "relax.flatten",
+        "relax.permute_dims",
+        "relax.broadcast_to",
+        "relax.concat",
+        "relax.split",
+        "relax.strided_slice",
+        "relax.take",
+        "relax.index_tensor",
+        "relax.gather_elements",
+        "relax.where",
+        "relax.full",
+        "relax.full_like",
+        "relax.zeros",
+        "relax.zeros_like",
+        "relax.ones",
+        "relax.ones_like",
+        "relax.arange",
+    }
+)
+_COMPARE = frozenset(
+    {
+        "relax.equal",
+        "relax.not_equal",
+        "relax.less",
+        "relax.less_equal",
+        "relax.greater",
+        "relax.greater_equal",
+        "relax.maximum",
+        "relax.minimum",
+        "relax.clip",
+    }
+)
 _INT_SAFE = _MOVE | _COMPARE | {"relax.astype"}  # value-preserving: no overflow, no rounding
 _REDUCE_SMALL = frozenset({"relax.max", "relax.min"})  # run in f32: exact for small ints only
-_LOGICAL = frozenset({"relax.logical_and", "relax.logical_or", "relax.logical_xor",
-                      "relax.logical_not"})
+_LOGICAL = frozenset(
+    {"relax.logical_and", "relax.logical_or", "relax.logical_xor", "relax.logical_not"}
+)
 
 
 def _dtypes(ty: Any) -> list[str]:
@@ -203,8 +230,11 @@ def _lift_consts(expr: Any, params: list[relax.Var]) -> Any:
     if isinstance(expr, relax.Tuple):
         return relax.Tuple([_lift_consts(f, params) for f in expr.fields])
     ty = getattr(expr, "ty", None)
-    if (isinstance(expr, tvm.ir.GenericConst) and isinstance(ty, relax.TensorType)
-            and int(np.prod([int(d) for d in ty.shape.values])) > _PROBE_CONST_LIMIT):
+    if (
+        isinstance(expr, tvm.ir.GenericConst)
+        and isinstance(ty, relax.TensorType)
+        and int(np.prod([int(d) for d in ty.shape.values])) > _PROBE_CONST_LIMIT
+    ):
         params.append(relax.Var(f"w{len(params)}", ty))
         return params[-1]
     return expr
@@ -218,14 +248,17 @@ def one_binding_function(binding: relax.Binding) -> relax.Function:
     if not isinstance(binding, relax.VarBinding):
         raise BackendError("not a VarBinding")
     params: list[relax.Var] = []
-    rebinds = [relax.VarBinding(v, _leaf_params(v, v.ty, params))
-               for v in relax.analysis.free_vars(binding.value)]
+    rebinds = [
+        relax.VarBinding(v, _leaf_params(v, v.ty, params))
+        for v in relax.analysis.free_vars(binding.value)
+    ]
     value = binding.value
     if isinstance(value, relax.Call):
         args = [_lift_consts(a, params) for a in value.args]
         value = relax.Call(value.op, args, value.attrs, value.ty_args, ret_ty=value.ty)
-    body = relax.SeqExpr([relax.BindingBlock([*rebinds, relax.VarBinding(binding.var, value)])],
-                         binding.var)
+    body = relax.SeqExpr(
+        [relax.BindingBlock([*rebinds, relax.VarBinding(binding.var, value)])], binding.var
+    )
     return relax.Function(params, body, binding.var.ty)
 
 
@@ -271,12 +304,19 @@ def _raw_array(ptr: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
 def ov_specs(model: onnx.ModelProto, func: relax.Function) -> tuple[list[Spec], list[Spec]]:
     """(name, dtype, shape) of the inputs and outputs: ONNX names, the Relax types' dtypes."""
     in_types = [p.ty for p in func.params]
-    out_types = tensor_types(func.body.body.ty if isinstance(func.body, relax.SeqExpr)
-                             else func.ret_ty)
-    return ([(i.name, _np_dtype(t), static_shape(t))
-             for i, t in zip(model.graph.input, in_types, strict=True)],
-            [(o.name, _np_dtype(t), static_shape(t))
-             for o, t in zip(model.graph.output, out_types, strict=True)])
+    out_types = tensor_types(
+        func.body.body.ty if isinstance(func.body, relax.SeqExpr) else func.ret_ty
+    )
+    return (
+        [
+            (i.name, _np_dtype(t), static_shape(t))
+            for i, t in zip(model.graph.input, in_types, strict=True)
+        ],
+        [
+            (o.name, _np_dtype(t), static_shape(t))
+            for o, t in zip(model.graph.output, out_types, strict=True)
+        ],
+    )
 
 
 class OvRegionKernel(BoundKernel):
@@ -292,8 +332,9 @@ class OvRegionKernel(BoundKernel):
         self._in_port = [_port(compiled.inputs, name, required=False) for name, _, _ in self._in]
         self._out_port = [_port(compiled.outputs, name, required=True) for name, _, _ in self._out]
 
-    def bind_zero_copy(self, args: Sequence[Any], ins: list[np.ndarray],
-                       outs: list[np.ndarray]) -> Callable[[], Any]:
+    def bind_zero_copy(
+        self, args: Sequence[Any], ins: list[np.ndarray], outs: list[np.ndarray]
+    ) -> Callable[[], Any]:
         """Set every input and output tensor to wrap caller memory; the cheapest way to run."""
         import openvino as ov
 
@@ -373,13 +414,15 @@ class OpenVinoBackend(OnnxGraphBackend):
     def accepts(self, binding: relax.Binding) -> bool:
         return ov_accepts(binding, self.opset)
 
-    def kernel(self, model: onnx.ModelProto, func: relax.Function, threads: int,
-               precision: str = "f32") -> OvRegionKernel:
+    def kernel(
+        self, model: onnx.ModelProto, func: relax.Function, threads: int, precision: str = "f32"
+    ) -> OvRegionKernel:
         """Compile for the CPU plugin; a build worker stores the compiled blob (``export_model``)."""
         compiled = compile_onnx(model, threads, precision)
         kernel = OvRegionKernel(compiled, *ov_specs(model, func))
         entry = build_cache.current()
         if entry is not None:
+
             def write(d: str) -> None:
                 blob = compiled.export_model()
                 with open(os.path.join(d, _OV_BLOB), "wb") as f:

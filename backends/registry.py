@@ -47,7 +47,9 @@ def cpu_has_bf16() -> bool:
     CPUs on which a bf16 region is faster rather than emulated."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            flags = next(
+                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
+            )
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags

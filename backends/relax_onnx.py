@@ -100,7 +100,9 @@ def _make_model(g: OnnxGraph, outputs: list[str], out_types: list[tvm.ir.Type]) 
     for i, (name, ty) in enumerate(zip(outputs, out_types, strict=True)):
         out_name = g.fresh(f"out{i}")
         g.nodes.append(helper.make_node("Identity", [name], [out_name]))
-        out_infos.append(helper.make_tensor_value_info(out_name, ONNX_DTYPES[tensor_dtype(ty)], tensor_shape(ty)))
+        out_infos.append(
+            helper.make_tensor_value_info(out_name, ONNX_DTYPES[tensor_dtype(ty)], tensor_shape(ty))
+        )
     graph = helper.make_graph(g.nodes, "partune_region", g.inputs, out_infos, g.initializers)
     opset = helper.make_opsetid("", g.opset)
     model = helper.make_model(graph, opset_imports=[opset], producer_name="partune")
@@ -122,7 +124,9 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     inputs = [*g.input, *(helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in big)]
     small = [t for t in g.initializer if t.name not in names]
     graph = helper.make_graph(g.node, g.name, inputs, g.output, small)
-    out = helper.make_model(graph, opset_imports=model.opset_import, producer_name=model.producer_name)
+    out = helper.make_model(
+        graph, opset_imports=model.opset_import, producer_name=model.producer_name
+    )
     out.ir_version = model.ir_version
     return out
 
@@ -132,8 +136,9 @@ def _check_types(model: onnx.ModelProto, expected: dict[str, tuple[str, tuple[in
     skeleton = _skeleton(model)
     try:
         onnx.checker.check_model(skeleton)
-        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True,
-                                                     data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(
+            skeleton, check_type=True, strict_mode=True, data_prop=True
+        )
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise BackendError(f"invalid ONNX graph: {e}") from e
     g = inferred.graph
@@ -150,7 +155,9 @@ def _check_types(model: onnx.ModelProto, expected: dict[str, tuple[str, tuple[in
                 raise BackendError(f"{info.name}: ONNX shape {dims}, Relax says {list(want[1])}")
 
 
-def build_onnx(g: OnnxGraph, result: Value, ret_ty: tvm.ir.Type, fuse: bool = True) -> onnx.ModelProto:
+def build_onnx(
+    g: OnnxGraph, result: Value, ret_ty: tvm.ir.Type, fuse: bool = True
+) -> onnx.ModelProto:
     outputs, out_types = flat_names(result), flat_types(ret_ty)
     if len(outputs) != len(out_types):
         raise BackendError("result does not match the return type")
@@ -164,8 +171,9 @@ def build_onnx(g: OnnxGraph, result: Value, ret_ty: tvm.ir.Type, fuse: bool = Tr
     return model
 
 
-def relax_to_onnx(func: relax.Function, opset: int = MIN_OPSET,
-                  on_binding: BindingHook | None = None) -> onnx.ModelProto:
+def relax_to_onnx(
+    func: relax.Function, opset: int = MIN_OPSET, on_binding: BindingHook | None = None
+) -> onnx.ModelProto:
     """Translate a static-shape Relax function into one checked ONNX model.
 
     Tensor params become graph inputs (in order), ``relax.Constant`` weights become

@@ -19,13 +19,21 @@ class Settings:
 
     tvm_database: str | None = None  # MetaSchedule records every TVM build applies
     tuning_database: str | None = None  # where tvm-tuned tunes into and builds from
-    extra_backends: tuple[tuple[str, str], ...] = ()  # (name, "module:Class"), beyond the built-in ones
+    extra_backends: tuple[
+        tuple[str, str], ...
+    ] = ()  # (name, "module:Class"), beyond the built-in ones
 
     def to_json(self) -> dict[str, Any]:
-        return {"tvm_database": self.tvm_database, "tuning_database": self.tuning_database,
-                "extra_backends": [list(e) for e in self.extra_backends]}
+        return {
+            "tvm_database": self.tvm_database,
+            "tuning_database": self.tuning_database,
+            "extra_backends": [list(e) for e in self.extra_backends],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Settings:
-        return cls(data.get("tvm_database"), data.get("tuning_database"),
-                   tuple((str(n), str(t)) for n, t in data.get("extra_backends", ())))
+        return cls(
+            data.get("tvm_database"),
+            data.get("tuning_database"),
+            tuple((str(n), str(t)) for n, t in data.get("extra_backends", ())),
+        )

@@ -171,13 +171,17 @@ def can_fold(chain: Chain, linear: bool, shape: tuple[int, ...], channels: int) 
     return all(k == "reshape" for k, _ in chain.post) and shape[-1] == channels
 
 
-def absorb(g: Graph, chain: Chain, i: int, var: relax.Var, linear: bool, channels: int) -> int | None:
+def absorb(
+    g: Graph, chain: Chain, i: int, var: relax.Var, linear: bool, channels: int
+) -> int | None:
     """Add binding ``i`` (the sole user of ``var``) to the chain; its last binding, or None."""
     value, out_ty = g.bindings[i].value, g.bindings[i].var.ty
     shape, dtype = tensor_type(var.ty)
     axis = len(shape) - 1 if linear else 1
     foldable = can_fold(chain, linear, shape, channels)
-    name = value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else ""
+    name = (
+        value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else ""
+    )
     if name in ("relax.add", "relax.multiply"):
         if tensor_type(out_ty) != (shape, dtype):
             return None
@@ -185,8 +189,12 @@ def absorb(g: Graph, chain: Chain, i: int, var: relax.Var, linear: bool, channel
         if foldable and per_channel(g, other, shape, dtype, axis):
             chain.folds.append(("bias" if name == "relax.add" else "mul", other))
             return i
-        if (name == "relax.add" and isinstance(other, relax.Var) and not other.same_as(var)
-                and tensor_type(other.ty) == (shape, dtype)):
+        if (
+            name == "relax.add"
+            and isinstance(other, relax.Var)
+            and not other.same_as(var)
+            and tensor_type(other.ty) == (shape, dtype)
+        ):
             chain.post.append(("add", other))
             return i
         return None
@@ -223,7 +231,11 @@ def grow_chain(g: Graph, chain: Chain, linear: bool, channels: int) -> relax.Var
         chain.members.append(last)
         var = g.bindings[last].var
     # A trailing view is not worth fusing: leave it to its own (alias-cheap) step.
-    while chain.post and chain.post[-1][0] == "reshape" and is_view(g.bindings[chain.members[-1]].value):
+    while (
+        chain.post
+        and chain.post[-1][0] == "reshape"
+        and is_view(g.bindings[chain.members[-1]].value)
+    ):
         chain.post.pop()
         chain.members.pop()
         var = g.bindings[chain.members[-1]].var
@@ -234,7 +246,11 @@ RESHAPES = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.flatte
 
 
 def is_view(value: Any) -> bool:
-    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in RESHAPES
+    return (
+        isinstance(value, relax.Call)
+        and isinstance(value.op, tvm.ir.Op)
+        and value.op.name in RESHAPES
+    )
 
 
 def absorb_pad(g: Graph, data: Any) -> tuple[int, tuple[int, int, int, int]] | None:
@@ -297,7 +313,10 @@ def _safe_softmax_pattern() -> tuple[dict[str, dpl.DFPattern], dpl.DFPattern]:
     nine bindings of torch's exported ``_safe_softmax``, by name, and the pattern (rooted at the
     where). The constants' values and the max's axis are checked after the match."""
     a = dpl.wildcard()
-    p = {"softmax": dpl.is_op("relax.nn.softmax")(a), "equal": dpl.is_op("relax.equal")(a, dpl.is_const())}
+    p = {
+        "softmax": dpl.is_op("relax.nn.softmax")(a),
+        "equal": dpl.is_op("relax.equal")(a, dpl.is_const()),
+    }
     p["not"] = dpl.is_op("relax.logical_not")(p["equal"])
     p["int8"] = dpl.is_op("relax.astype")(p["not"])
     p["max"] = dpl.is_op("relax.max")(p["int8"])
@@ -332,9 +351,14 @@ def match_safe_softmax(g: Graph, i: int) -> Match | None:
     a = sm.args[0]
     shape, dtype = tensor_type(a.ty)
     axis = norm_axis(int(sm.attrs.axis), len(shape))
-    if (dtype not in FLOATS or not is_scalar_const(eq.args[1], float("-inf"))
-            or not is_scalar_const(fill.args[1], 0.0) or mx.attrs.axis is None or not bool(mx.attrs.keepdims)
-            or [norm_axis(int(x), len(shape)) for x in mx.attrs.axis] != [axis]):
+    if (
+        dtype not in FLOATS
+        or not is_scalar_const(eq.args[1], float("-inf"))
+        or not is_scalar_const(fill.args[1], 0.0)
+        or mx.attrs.axis is None
+        or not bool(mx.attrs.keepdims)
+        or [norm_axis(int(x), len(shape)) for x in mx.attrs.axis] != [axis]
+    ):
         return None
     inside = set(members)
     for j in members[:-1]:  # every value but the result is read only inside, and not returned

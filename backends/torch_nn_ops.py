@@ -49,7 +49,7 @@ def tr_layer_norm(o: OpCall) -> OpFn:
     nd = len(shape)
     axes = sorted(norm_axis(int(a), nd) for a in o.attrs.axes)
     o.need(axes == list(range(nd - len(axes), nd)), f"axes {axes} are not trailing")
-    norm_shape = shape[nd - len(axes):]
+    norm_shape = shape[nd - len(axes) :]
     eps = float(o.attrs.epsilon)
     return lambda x, g, b: F.layer_norm(x, norm_shape, g, b, eps)
 
@@ -63,8 +63,9 @@ def tr_batch_norm(o: OpCall) -> OpFn:
     o.need(nd >= 2 and norm_axis(int(o.attrs.axis), nd) == 1, "channel axis must be 1")
     eps, center, scale = float(o.attrs.epsilon), bool(o.attrs.center), bool(o.attrs.scale)
 
-    def batch_norm(x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, m: torch.Tensor,
-                   v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def batch_norm(
+        x: torch.Tensor, g: torch.Tensor, b: torch.Tensor, m: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         y = F.batch_norm(x, m, v, g if scale else None, b if center else None, False, 0.0, eps)
         return (y, m, v)
 
@@ -93,12 +94,22 @@ def tr_conv2d(o: OpCall) -> OpFn:
     check_nchw(o, ("data_layout", "NCHW"), ("kernel_layout", "OIHW"), ("out_layout", "NCHW"))
     out_dtype = o.attrs.out_dtype
     o.need(out_dtype is None or str(out_dtype) in ("", "void", o.arg(0)[1]), "out_dtype differs")
-    return conv2d_fn(pad4(o.attrs.padding), ints(o.attrs.strides), ints(o.attrs.dilation),
-                     int(o.attrs.groups), bias=False)
+    return conv2d_fn(
+        pad4(o.attrs.padding),
+        ints(o.attrs.strides),
+        ints(o.attrs.dilation),
+        int(o.attrs.groups),
+        bias=False,
+    )
 
 
-def conv2d_fn(padding: tuple[int, int, int, int], strides: tuple[int, ...],
-              dilation: tuple[int, ...], groups: int, bias: bool) -> OpFn:
+def conv2d_fn(
+    padding: tuple[int, int, int, int],
+    strides: tuple[int, ...],
+    dilation: tuple[int, ...],
+    groups: int,
+    bias: bool,
+) -> OpFn:
     """F.conv2d with Relax's (top, left, bottom, right) padding; asymmetric pads go first."""
     top, left, bottom, right = padding
     if top == bottom and left == right:
@@ -117,7 +128,9 @@ def conv2d_fn(padding: tuple[int, int, int, int], strides: tuple[int, ...],
     return lambda x, w: conv(x, w)
 
 
-def pool_args(o: OpCall) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, int]]:
+def pool_args(
+    o: OpCall,
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, int]]:
     """Kernel, strides, dilation and symmetric padding, refusing what ATen pools cannot do."""
     o.dtypes_in(FLOATS)
     check_nchw(o, ("layout", "NCHW"), ("out_layout", "NCHW"))
@@ -164,7 +177,7 @@ def tr_pad(o: OpCall) -> OpFn:
         value = int(value)
     if not any(width):
         return identity
-    pairs = [width[2 * i: 2 * i + 2] for i in range(len(shape))]
+    pairs = [width[2 * i : 2 * i + 2] for i in range(len(shape))]
     while pairs and not any(pairs[0]):  # torch pads only the trailing axes it is given
         pairs.pop(0)
     flat = tuple(v for pair in reversed(pairs) for v in pair)

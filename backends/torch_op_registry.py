@@ -145,11 +145,15 @@ class OpCall:
     def dtypes_in(self, allowed: frozenset[str], *idx: int) -> None:
         """The given arguments (default: all, which must be tensors) share one dtype from ``allowed``."""
         if not idx:
-            self.need(all(isinstance(a, relax.Var | GenericConst) for a in self.call.args),
-                      "non-tensor argument")
+            self.need(
+                all(isinstance(a, relax.Var | GenericConst) for a in self.call.args),
+                "non-tensor argument",
+            )
             idx = tuple(range(len(self.call.args)))
         dts = {self.arg(i)[1] for i in idx}
-        self.need(len(dts) == 1 and dts <= allowed, f"dtypes {sorted(dts)} not in {sorted(allowed)}")
+        self.need(
+            len(dts) == 1 and dts <= allowed, f"dtypes {sorted(dts)} not in {sorted(allowed)}"
+        )
 
 
 Translator = Callable[[OpCall], OpFn]

@@ -113,7 +113,9 @@ def emit_binding(p: Program, b: relax.VarBinding) -> None:
         raise Unsupported(f"binding value {type(value).__name__}")
 
 
-def fold_affine(p: Program, chain: Chain, channels: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def fold_affine(
+    p: Program, chain: Chain, channels: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Per-channel (scale, bias) in float64 from the chain's folds, applied in order."""
     scale: torch.Tensor | None = None
     bias: torch.Tensor | None = None
@@ -146,8 +148,9 @@ def emit_conv(p: Program, g: Graph, chain: Chain, last: relax.Var) -> None:
     scale, bias = fold_affine(p, chain, weight.shape[0])
     if scale is not None:
         weight = (weight.double() * scale.reshape(-1, 1, 1, 1)).to(weight.dtype)
-    conv = conv2d_fn(pads, ints(call.attrs.strides), ints(call.attrs.dilation),
-                     int(call.attrs.groups), bias=True)
+    conv = conv2d_fn(
+        pads, ints(call.attrs.strides), ints(call.attrs.dilation), int(call.attrs.groups), bias=True
+    )
     ins = [p.operand(data), p.new_slot(weight, constant=True)]
     if bias is not None:
         ins.append(p.new_slot(bias.to(weight.dtype), constant=True))
@@ -229,7 +232,9 @@ def region_bindings(func: relax.Function) -> tuple[list[relax.VarBinding], Any]:
     return bindings, body.body
 
 
-def output_paths(p: Program, e: Any, ty: Any, path: tuple[int, ...] = ()) -> list[tuple[int, tuple[int, ...]]]:
+def output_paths(
+    p: Program, e: Any, ty: Any, path: tuple[int, ...] = ()
+) -> list[tuple[int, tuple[int, ...]]]:
     """Flatten the returned value into (slot, tuple path) per output tensor, in order."""
     if isinstance(e, relax.Tuple) and not path:
         return [q for f in e.fields for q in output_paths(p, f, f.ty)]
@@ -248,10 +253,15 @@ def to_meta(v: Any) -> Any:
 
 def same_type(v: Any, ty: Any) -> bool:
     if isinstance(ty, relax.TupleType):
-        return isinstance(v, tuple | list) and len(v) == len(ty.fields) and all(
-            same_type(x, f) for x, f in zip(v, ty.fields, strict=True))
+        return (
+            isinstance(v, tuple | list)
+            and len(v) == len(ty.fields)
+            and all(same_type(x, f) for x, f in zip(v, ty.fields, strict=True))
+        )
     shape, dtype = tensor_type(ty)
-    return isinstance(v, torch.Tensor) and tuple(v.shape) == shape and v.dtype == TORCH_DTYPES[dtype]
+    return (
+        isinstance(v, torch.Tensor) and tuple(v.shape) == shape and v.dtype == TORCH_DTYPES[dtype]
+    )
 
 
 def describe(v: Any) -> str:
@@ -281,7 +291,9 @@ def verify(p: Program, inputs: list[tuple[int, Any]]) -> None:
             raise BackendError(f"translation gives {describe(env[slot])} where Relax has {ty}")
 
 
-def compile_region(func: relax.Function, device: torch.device, precision: str = "f32") -> RegionKernel:
+def compile_region(
+    func: relax.Function, device: torch.device, precision: str = "f32"
+) -> RegionKernel:
     """Translate ``func`` into a destination-passing kernel over DLPack tensors; in bf16, the
     steps run under CPU autocast (matmuls, linears and convolutions in bfloat16 on the CPU's
     bf16 instructions; the outputs are written back in the region's dtypes)."""
@@ -307,13 +319,17 @@ def compile_region(func: relax.Function, device: torch.device, precision: str = 
     return make_kernel(p, [s for s, _ in inputs], outputs, bf16=precision == "bf16")
 
 
-def make_kernel(p: Program, in_slots: list[int], outputs: list[tuple[int, tuple[int, ...]]],
-                bf16: bool = False) -> RegionKernel:
+def make_kernel(
+    p: Program, in_slots: list[int], outputs: list[tuple[int, tuple[int, ...]]], bf16: bool = False
+) -> RegionKernel:
     template, steps = list(p.template), list(p.steps)
     n_in, n_out = len(in_slots), len(outputs)
     from_dlpack = torch.from_dlpack
-    precision = (functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16) if bf16
-                 else contextlib.nullcontext)
+    precision = (
+        functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+        if bf16
+        else contextlib.nullcontext
+    )
 
     def kernel(*args: Any) -> None:
         if len(args) != n_in + n_out:

@@ -39,7 +39,9 @@ def tr_reshape(o: OpCall) -> OpFn:
 def tr_permute_dims(o: OpCall) -> OpFn:
     nd = len(o.arg(0)[0])
     axes = o.attrs.axes
-    perm = tuple(reversed(range(nd))) if axes is None else tuple(norm_axis(int(a), nd) for a in axes)
+    perm = (
+        tuple(reversed(range(nd))) if axes is None else tuple(norm_axis(int(a), nd) for a in axes)
+    )
     if perm == tuple(range(nd)):
         return identity
     return lambda x: x.permute(perm)

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 LIBRARY = "region.so"  # a region's compiled library in its build cache entry
 
 
-def lower_fused(mod: tvm.IRModule, target: tvm.target.Target,
-                database: ms.database.Database | None = None) -> tvm.IRModule:
+def lower_fused(
+    mod: tvm.IRModule, target: tvm.target.Target, database: ms.database.Database | None = None
+) -> tvm.IRModule:
     """Legalize and fuse ``mod`` (TVM's "zero" pipeline); with ``database``, apply its schedules.
 
     Tuning (``partune.backends.tvm_tuning``) extracts its tasks from this same output, so the
@@ -52,16 +53,22 @@ def tuned_pipeline(target: tvm.target.Target, database: ms.database.Database) ->
         with target, database:  # passes read the target when they are made
             legalize = kind.legalize_passes(target)
             at = next(i for i, p in enumerate(legalize) if p.info.name == "FuseTIR") + 1
-            passes = (kind.library_dispatch_passes(target) + legalize[:at]
-                      + [relax.transform.MetaScheduleApplyDatabase()] + legalize[at:]
-                      + kind.dataflow_lower_passes(target) + kind.finalize_passes(target))
+            passes = (
+                kind.library_dispatch_passes(target)
+                + legalize[:at]
+                + [relax.transform.MetaScheduleApplyDatabase()]
+                + legalize[at:]
+                + kind.dataflow_lower_passes(target)
+                + kind.finalize_passes(target)
+            )
             return tvm.transform.Sequential(passes)(mod)
 
     return pipeline
 
 
-def compile_module(mod: tvm.IRModule, target: tvm.target.Target,
-                   database: str | ms.database.Database | None = None) -> tvm.runtime.Executable:
+def compile_module(
+    mod: tvm.IRModule, target: tvm.target.Target, database: str | ms.database.Database | None = None
+) -> tvm.runtime.Executable:
     """Build ``mod`` for ``target``; with ``database`` (a JSONDatabase directory or an opened
     database), its tuned schedules replace the default ones.
 
@@ -104,9 +111,12 @@ def database_state(path: str | None) -> list:
     return state
 
 
-def build_region_kernel(func: relax.Function, scope: SEScope,
-                        database: str | ms.database.Database | None = None,
-                        database_dir: str | None = None) -> RegionKernel:
+def build_region_kernel(
+    func: relax.Function,
+    scope: SEScope,
+    database: str | ms.database.Database | None = None,
+    database_dir: str | None = None,
+) -> RegionKernel:
     """Build a region as its own module and VM; the kernel copies results into the destinations.
 
     With a build cache active (``partune.backends.build_cache``) the compiled library is loaded
@@ -121,12 +131,19 @@ def build_region_kernel(func: relax.Function, scope: SEScope,
     if entry is not None:
         where = database_dir or (database if isinstance(database, str) else None)
         entry.refine("tvm", database is not None, database_state(where))
-        vm = entry.load(lambda d: relax.VirtualMachine(tvm.runtime.load_module(os.path.join(d, LIBRARY)),
-                                                       device))
+        vm = entry.load(
+            lambda d: relax.VirtualMachine(
+                tvm.runtime.load_module(os.path.join(d, LIBRARY)), device
+            )
+        )
     n_in = len(func.params)
     if vm is None:
         ex = compile_module(region_module(func), scope.tvm_target(), database)
-        if entry is not None and entry.write and entry.store(lambda d: ex.export_library(os.path.join(d, LIBRARY))):
+        if (
+            entry is not None
+            and entry.write
+            and entry.store(lambda d: ex.export_library(os.path.join(d, LIBRARY)))
+        ):
             # A build worker does not run what it builds: the VM (whose set-up JIT-compiles
             # the code, as long as the compile itself) is made only if the kernel is called.
             made: list[RegionKernel] = []
@@ -155,11 +172,15 @@ def _vm_kernel(main, n_in: int) -> RegionKernel:
 
 def _as_main(func: relax.Function) -> relax.Function:
     """The region as a public ``main``: without a global symbol, passes may drop it as dead."""
-    attrs = {k: v for k, v in (func.attrs or {}).items()
-             if k != "Codegen" and not k.startswith("partune.")}
+    attrs = {
+        k: v
+        for k, v in (func.attrs or {}).items()
+        if k != "Codegen" and not k.startswith("partune.")
+    }
     attrs["global_symbol"] = "main"
-    return relax.Function(func.params, func.body, func.ret_ty, func.is_pure,
-                          tvm.ir.make_node("ir.DictAttrs", **attrs))
+    return relax.Function(
+        func.params, func.body, func.ret_ty, func.is_pure, tvm.ir.make_node("ir.DictAttrs", **attrs)
+    )
 
 
 class TvmBackend(Backend):

@@ -47,8 +47,10 @@ class TunedTvmBackend(Backend):
     def database(self) -> str:
         """The tuning database directory; a clear error when none was given."""
         if not self.database_dir:
-            raise BackendError(f"{self.name} needs a tuning database: Settings.tuning_database "
-                               "(`partune tune` puts it beside the store)")
+            raise BackendError(
+                f"{self.name} needs a tuning database: Settings.tuning_database "
+                "(`partune tune` puts it beside the store)"
+            )
         return self.database_dir
 
     @property
@@ -65,7 +67,9 @@ class TunedTvmBackend(Backend):
         from partune.backends.tvm_tuning import tuning_target
         from partune.backends.tvm_tuning_database import database_path, open_snapshot
 
-        return compile_module(mod, target, open_snapshot(database_path(self.database(), tuning_target(target))))
+        return compile_module(
+            mod, target, open_snapshot(database_path(self.database(), tuning_target(target)))
+        )
 
     def accepts(self, binding: relax.Binding) -> bool:
         return True  # every Relax op has a legalisation
@@ -73,13 +77,17 @@ class TunedTvmBackend(Backend):
     def set_threads(self, threads: int) -> None:
         set_tvm_threads(threads)
 
-    def tune_region(self, func: relax.Function, scope: SEScope, trials: int, timeout_s: float) -> dict:
+    def tune_region(
+        self, func: relax.Function, scope: SEScope, trials: int, timeout_s: float
+    ) -> dict:
         """MetaSchedule on the region's tasks, in a child process (a crash costs the region)."""
         from partune.backends.tvm_tuning import tune_region
         from partune.backends.tvm_tuning_database import TuningError
 
         try:
-            report = tune_region(func, scope.tvm_target(), self.database(), trials, timeout_s, isolate=True)
+            report = tune_region(
+                func, scope.tvm_target(), self.database(), trials, timeout_s, isolate=True
+            )
         except TuningError as e:
             raise BackendError(str(e)) from e
         return report.to_json()
@@ -90,8 +98,9 @@ class TunedTvmBackend(Backend):
         from partune.backends.tvm_tuning_database import database_path, open_snapshot
 
         if scope.device_type not in (None, *self.device_types):
-            raise BackendError(f"{self.name} runs on {'/'.join(self.device_types)}, "
-                               f"not {scope.device_type}")
+            raise BackendError(
+                f"{self.name} runs on {'/'.join(self.device_types)}, not {scope.device_type}"
+            )
         self.set_threads(threads)
         # The same directory tune_region wrote for this target (num-cores defaulted alike).
         path = database_path(self.database(), tuning_target(scope.tvm_target()))

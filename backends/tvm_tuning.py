@@ -188,8 +188,9 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
         self.trials = 0
         self.timed_out = False
 
-    def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
-              runner_results) -> None:
+    def apply(
+        self, task_scheduler, task_id, measure_candidates, builder_results, runner_results
+    ) -> None:
         self.trials += len(runner_results)
         if self.deadline is not None and time.monotonic() > self.deadline and not self.timed_out:
             self.timed_out = True
@@ -226,7 +227,7 @@ def _shares(weights: list[float], total: int) -> list[int]:
     exact = [total * w / s for w in weights] if s > 0 else [total / len(weights)] * len(weights)
     shares = [math.floor(x) for x in exact]
     by_remainder = sorted(range(len(weights)), key=lambda i: exact[i] - shares[i], reverse=True)
-    for i in by_remainder[:total - sum(shares)]:
+    for i in by_remainder[: total - sum(shares)]:
         shares[i] += 1
     return shares
 
@@ -268,11 +269,19 @@ def extract_tasks(func: relax.Function, target: tvm.target.Target) -> list[ms.Ex
     return [t for t in tasks if not t.dispatched[0].attrs.get("tirx.is_scheduled", False)]
 
 
-def tune_region(func: relax.Function, target: tvm.target.Target, database_dir: str,
-                max_trials: int, timeout_s: float | None = None, *,
-                trials_per_iter: int = TRIALS_PER_ITER, builder_workers: int = 1,
-                search_threads: int = 1, seed: int | None = None,
-                isolate: bool = False) -> TuningReport:
+def tune_region(
+    func: relax.Function,
+    target: tvm.target.Target,
+    database_dir: str,
+    max_trials: int,
+    timeout_s: float | None = None,
+    *,
+    trials_per_iter: int = TRIALS_PER_ITER,
+    builder_workers: int = 1,
+    search_threads: int = 1,
+    seed: int | None = None,
+    isolate: bool = False,
+) -> TuningReport:
     """Tune the TIR tasks of one region into the persistent database under ``database_dir``.
 
     ``func`` is a region as the search lifts it (tensor params, one dataflow block, weights
@@ -282,9 +291,17 @@ def tune_region(func: relax.Function, target: tvm.target.Target, database_dir: s
     that process. Every failure is raised as ``TuningError``.
     """
     if isolate:
-        return _tune_in_child(func, target, database_dir, max_trials, timeout_s,
-                              trials_per_iter=trials_per_iter, builder_workers=builder_workers,
-                              search_threads=search_threads, seed=seed)
+        return _tune_in_child(
+            func,
+            target,
+            database_dir,
+            max_trials,
+            timeout_s,
+            trials_per_iter=trials_per_iter,
+            builder_workers=builder_workers,
+            search_threads=search_threads,
+            seed=seed,
+        )
     start = time.monotonic()
     deadline = start + timeout_s if timeout_s is not None else None
     try:
@@ -293,24 +310,44 @@ def tune_region(func: relax.Function, target: tvm.target.Target, database_dir: s
         os.makedirs(path, exist_ok=True)
         tasks = extract_tasks(func, target)
         with locked(path, deadline):
-            return _tune_locked(tasks, target, path, max_trials, start, deadline,
-                                trials_per_iter, builder_workers, search_threads, seed)
+            return _tune_locked(
+                tasks,
+                target,
+                path,
+                max_trials,
+                start,
+                deadline,
+                trials_per_iter,
+                builder_workers,
+                search_threads,
+                seed,
+            )
     except TuningError:
         raise
     except Exception as e:  # noqa: BLE001 - one exception type for callers, whatever broke
         raise TuningError(f"tuning failed: {_one_line(e)}") from e
 
 
-def _tune_locked(tasks: list[ms.ExtractedTask], target: tvm.target.Target, path: str,
-                 max_trials: int, start: float, deadline: float | None, trials_per_iter: int,
-                 builder_workers: int, search_threads: int, seed: int | None) -> TuningReport:
+def _tune_locked(
+    tasks: list[ms.ExtractedTask],
+    target: tvm.target.Target,
+    path: str,
+    max_trials: int,
+    start: float,
+    deadline: float | None,
+    trials_per_iter: int,
+    builder_workers: int,
+    search_threads: int,
+    seed: int | None,
+) -> TuningReport:
     repair(path)
     db = ms.database.JSONDatabase(work_dir=path)
     state = read_state(path)
     mods = [t.dispatched[0] for t in tasks]
     flops = [_flops(m) for m in mods]
-    shares = budget_shares([float(t.weight) * f for t, f in zip(tasks, flops, strict=True)],
-                           max_trials)
+    shares = budget_shares(
+        [float(t.weight) * f for t, f in zip(tasks, flops, strict=True)], max_trials
+    )
     reports: list[TaskReport] = []
     timed_out = False
     runner = builder = None
@@ -328,12 +365,24 @@ def _tune_locked(tasks: list[ms.ExtractedTask], target: tvm.target.Target, path:
                 if runner is None:
                     with _env(TVM_NUM_THREADS=str(int(target.attrs.get("num-cores", 1)))):
                         _load_intrinsics(target)
-                        builder = ms.builder.LocalBuilder(max_workers=builder_workers,
-                                                          f_build=build_without_intrinsics)
+                        builder = ms.builder.LocalBuilder(
+                            max_workers=builder_workers, f_build=build_without_intrinsics
+                        )
                         runner = ms.runner.LocalRunner()
                 progress = _Progress(deadline)
-                _tune_task(task, target, path, db, share - given, trials_per_iter, builder,
-                           runner, progress, search_threads, seed)
+                _tune_task(
+                    task,
+                    target,
+                    path,
+                    db,
+                    share - given,
+                    trials_per_iter,
+                    builder,
+                    runner,
+                    progress,
+                    search_threads,
+                    seed,
+                )
                 trials = progress.trials
                 workload = db.commit_workload(mod)
                 if progress.timed_out:
@@ -343,19 +392,37 @@ def _tune_locked(tasks: list[ms.ExtractedTask], target: tvm.target.Target, path:
                     write_state(path, state)
                     status = "tuned"
             records = _records(db, workload) if workload is not None else []
-            reports.append(TaskReport(str(task.task_name), key, flop, share, before, trials,
-                                      status, _best_s(records)))  # type: ignore[arg-type]
+            reports.append(
+                TaskReport(
+                    str(task.task_name), key, flop, share, before, trials, status, _best_s(records)
+                )
+            )  # type: ignore[arg-type]
     finally:
         if runner is not None:
             runner.pool.shutdown()
-    return TuningReport(tuple(reports), sum(r.trials_run for r in reports),
-                        sum(r.reused for r in reports), time.monotonic() - start, timed_out, path)
+    return TuningReport(
+        tuple(reports),
+        sum(r.trials_run for r in reports),
+        sum(r.reused for r in reports),
+        time.monotonic() - start,
+        timed_out,
+        path,
+    )
 
 
-def _tune_task(task: ms.ExtractedTask, target: tvm.target.Target, path: str,
-               db: ms.database.Database, trials: int, trials_per_iter: int,
-               builder: ms.builder.Builder, runner: ms.runner.Runner, progress: _Progress,
-               search_threads: int, seed: int | None) -> None:
+def _tune_task(
+    task: ms.ExtractedTask,
+    target: tvm.target.Target,
+    path: str,
+    db: ms.database.Database,
+    trials: int,
+    trials_per_iter: int,
+    builder: ms.builder.Builder,
+    runner: ms.runner.Runner,
+    progress: _Progress,
+    search_threads: int,
+    seed: int | None,
+) -> None:
     """One task, on its own: each task gets exactly its share, and a kill loses one task's batch.
 
     The context is made here rather than by ``extracted_tasks_to_tune_contexts``: that one
@@ -364,35 +431,64 @@ def _tune_task(task: ms.ExtractedTask, target: tvm.target.Target, path: str,
     (under pytest: "'NoneType' object has no attribute 'format'"). MetaSchedule's messages
     go to the ``partune.backends.tvm_tuning`` and ``tvm.s_tir.meta_schedule`` loggers instead.
     """
-    context = ms.TuneContext(mod=task.dispatched[0], target=target,
-                             space_generator="post-order-apply",
-                             search_strategy=ms.search_strategy.EvolutionarySearch(**EVOLUTION),
-                             task_name=str(task.task_name), logger=_log,
-                             rand_state=fork_seed(seed, 1)[0],
-                             num_threads=search_threads).clone()
+    context = ms.TuneContext(
+        mod=task.dispatched[0],
+        target=target,
+        space_generator="post-order-apply",
+        search_strategy=ms.search_strategy.EvolutionarySearch(**EVOLUTION),
+        task_name=str(task.task_name),
+        logger=_log,
+        rand_state=fork_seed(seed, 1)[0],
+        num_threads=search_threads,
+    ).clone()
     callbacks = [*ms.measure_callback.MeasureCallback.create("default"), progress]
     with _env(TVM_NUM_THREADS=str(int(target.attrs.get("num-cores", 1)))):
-        ms.tune_tasks(tasks=[context], task_weights=[1.0], work_dir=path,
-                      max_trials_global=trials, max_trials_per_task=trials,
-                      num_trials_per_iter=max(1, min(trials_per_iter, trials)),
-                      builder=builder, runner=runner, database=db,
-                      measure_callbacks=callbacks)
+        ms.tune_tasks(
+            tasks=[context],
+            task_weights=[1.0],
+            work_dir=path,
+            max_trials_global=trials,
+            max_trials_per_task=trials,
+            num_trials_per_iter=max(1, min(trials_per_iter, trials)),
+            builder=builder,
+            runner=runner,
+            database=db,
+            measure_callbacks=callbacks,
+        )
 
 
 # ---------------------------------------------------------------------------------------
 # A child process per tuning run (``isolate``), and the command line it runs
 
 
-def _tune_in_child(func: relax.Function, target: tvm.target.Target, database_dir: str,
-                   max_trials: int, timeout_s: float | None, **options: Any) -> TuningReport:
+def _tune_in_child(
+    func: relax.Function,
+    target: tvm.target.Target,
+    database_dir: str,
+    max_trials: int,
+    timeout_s: float | None,
+    **options: Any,
+) -> TuningReport:
     """Run ``python -m partune.backends.tvm_tuning`` on the region; its death is a ``TuningError``."""
     with tempfile.TemporaryDirectory(prefix="partune-tune-") as tmp:
         module, report = os.path.join(tmp, "region.json"), os.path.join(tmp, "report.json")
         with open(module, "w") as f:
             f.write(tvm.ir.save_json(region_module(func)))
-        cmd = [sys.executable, "-m", "partune.backends.tvm_tuning", "--module", module,
-               "--target", json.dumps(target_json(target)),
-               "--database", database_dir, "--trials", str(max_trials), "--report", report]
+        cmd = [
+            sys.executable,
+            "-m",
+            "partune.backends.tvm_tuning",
+            "--module",
+            module,
+            "--target",
+            json.dumps(target_json(target)),
+            "--database",
+            database_dir,
+            "--trials",
+            str(max_trials),
+            "--report",
+            report,
+        ]
         if timeout_s is not None:
             cmd += ["--timeout", str(timeout_s)]
         for k, v in options.items():
@@ -400,14 +496,17 @@ def _tune_in_child(func: relax.Function, target: tvm.target.Target, database_dir
                 cmd += [f"--{k.replace('_', '-')}", str(v)]
         # The last batch may overrun the deadline; after that the child is stuck.
         wait = None if timeout_s is None else timeout_s + 300
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         try:
             _, err = proc.communicate(timeout=wait)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-            raise TuningError(f"tuning process still running {wait:.0f} s after start; killed") from None
+            raise TuningError(
+                f"tuning process still running {wait:.0f} s after start; killed"
+            ) from None
         if os.path.exists(report):
             with open(report) as f:
                 out = json.load(f)
@@ -422,7 +521,9 @@ def _tune_in_child(func: relax.Function, target: tvm.target.Target, database_dir
 
 def main(argv: list[str] | None = None) -> int:
     """Tune one region saved with ``tvm.ir.save_json`` (an IRModule whose ``main`` is the region)."""
-    p = argparse.ArgumentParser(prog="python -m partune.backends.tvm_tuning", description=main.__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m partune.backends.tvm_tuning", description=main.__doc__
+    )
     p.add_argument("--module", required=True)
     p.add_argument("--target", required=True, help="target as a JSON dict")
     p.add_argument("--database", required=True)
@@ -437,10 +538,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with open(args.module) as f:
             func = tvm.ir.load_json(f.read())["main"]
-        report = tune_region(func, tvm.target.Target(json.loads(args.target)), args.database,
-                             args.trials, args.timeout, trials_per_iter=args.trials_per_iter,
-                             builder_workers=args.builder_workers,
-                             search_threads=args.search_threads, seed=args.seed)
+        report = tune_region(
+            func,
+            tvm.target.Target(json.loads(args.target)),
+            args.database,
+            args.trials,
+            args.timeout,
+            trials_per_iter=args.trials_per_iter,
+            builder_workers=args.builder_workers,
+            search_threads=args.search_threads,
+            seed=args.seed,
+        )
         out: dict = {"report": report.to_json()}
         code = 0
     except TuningError as e:

@@ -71,7 +71,7 @@ def database_path(database_dir: str, target: tvm.target.Target) -> str:
 
 def _complete_lines(data: bytes) -> bytes:
     """``data`` up to its last newline: a JSON-lines file without a partial last line."""
-    return data[:data.rfind(b"\n") + 1]
+    return data[: data.rfind(b"\n") + 1]
 
 
 def repair(path: str) -> None:
@@ -104,8 +104,11 @@ def open_snapshot(path: str) -> ms.database.Database | None:
     rec, wl = os.path.join(path, RECORD_FILE), os.path.join(path, WORKLOAD_FILE)
     if not os.path.exists(wl):
         return None
-    stamp = tuple((s.st_size, s.st_mtime_ns) for s in map(os.stat, (rec, wl))
-                  ) if os.path.exists(rec) else (os.stat(wl).st_size,)
+    stamp = (
+        tuple((s.st_size, s.st_mtime_ns) for s in map(os.stat, (rec, wl)))
+        if os.path.exists(rec)
+        else (os.stat(wl).st_size,)
+    )
     cached = _snapshots.get(path)
     if cached is not None and cached[0] == stamp:
         return cached[1]
@@ -134,7 +137,9 @@ def locked(path: str, deadline: float | None) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:  # type: ignore[operator]
-                    raise TuningError(f"database {path} is locked by another tuning process") from None
+                    raise TuningError(
+                        f"database {path} is locked by another tuning process"
+                    ) from None
                 time.sleep(0.2)
         try:
             yield

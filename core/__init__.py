@@ -56,17 +56,71 @@ __all__ = [
     "verdict_key",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "bf16": ("casts", "function_in_bf16",),
-    "describe": ("fit_table", "op_counts", "op_summary", "region_label", "scope_name", "short_op", "variant_label",),
-    "errors": ("ModelError", "PartuneError", "PlanError", "clean_error", "last_line",),
-    "graph": ("DataflowGraph", "OpKind", "main_bindings",),
-    "keys": ("FINGERPRINT_DIGITS", "calibration_keys", "candidate_key", "digest", "plan_key", "region_key", "verdict_key",),
-    "memory": ("trim",),
-    "partition": ("lift_region",),
-    "plan": ("ModelFile", "Plan", "Region", "contiguous_runs", "model_file_plan", "region_order", "single_backend_plan",),
-    "scopes": ("CompilationConfig", "SEScope", "cpu_target",),
-    "subgraph": ("SubGraph",),
-    "tensors": ("flatten_outputs", "known_shape", "random_array", "static_shape", "tensor_types",),
-    "versions": ("cpu_name", "deploy_environment", "device_fingerprint",),
-})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "bf16": (
+            "casts",
+            "function_in_bf16",
+        ),
+        "describe": (
+            "fit_table",
+            "op_counts",
+            "op_summary",
+            "region_label",
+            "scope_name",
+            "short_op",
+            "variant_label",
+        ),
+        "errors": (
+            "ModelError",
+            "PartuneError",
+            "PlanError",
+            "clean_error",
+            "last_line",
+        ),
+        "graph": (
+            "DataflowGraph",
+            "OpKind",
+            "main_bindings",
+        ),
+        "keys": (
+            "FINGERPRINT_DIGITS",
+            "calibration_keys",
+            "candidate_key",
+            "digest",
+            "plan_key",
+            "region_key",
+            "verdict_key",
+        ),
+        "memory": ("trim",),
+        "partition": ("lift_region",),
+        "plan": (
+            "ModelFile",
+            "Plan",
+            "Region",
+            "contiguous_runs",
+            "model_file_plan",
+            "region_order",
+            "single_backend_plan",
+        ),
+        "scopes": (
+            "CompilationConfig",
+            "SEScope",
+            "cpu_target",
+        ),
+        "subgraph": ("SubGraph",),
+        "tensors": (
+            "flatten_outputs",
+            "known_shape",
+            "random_array",
+            "static_shape",
+            "tensor_types",
+        ),
+        "versions": (
+            "cpu_name",
+            "deploy_environment",
+            "device_fingerprint",
+        ),
+    },
+)

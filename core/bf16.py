@@ -38,8 +38,13 @@ def casts(value: relax.Expr) -> bool:
     """Whether ``value`` is a matmul or convolution on float32 operands: what bf16 makes faster,
     and what ``in_bf16`` rewrites. A region without one is no bf16 candidate: under TVM it would
     compute exactly as in f32, and elsewhere it gains little but pays two casts at its borders."""
-    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name in _OPS
-            and _f32(value.args[0]) and _f32(value.args[1]))
+    return (
+        isinstance(value, relax.Call)
+        and isinstance(value.op, tvm.ir.Op)
+        and value.op.name in _OPS
+        and _f32(value.args[0])
+        and _f32(value.args[1])
+    )
 
 
 def in_bf16(value: relax.Expr) -> relax.Expr:
@@ -65,7 +70,9 @@ def function_in_bf16(func: relax.Function) -> relax.Function:
 
 
 @relax.transform.function_pass(opt_level=0, name="ComputeInBf16")
-def compute_in_bf16(func: relax.Function, _mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> relax.Function:
+def compute_in_bf16(
+    func: relax.Function, _mod: tvm.IRModule, _ctx: tvm.transform.PassContext
+) -> relax.Function:
     """``function_in_bf16`` as a named TVM pass over every Relax function of a module (a bf16
     region lifted on its own, or a whole model a user wants computed so)."""
     return function_in_bf16(func)

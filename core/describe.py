@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # (the graph module imports TVM; a status table need not)
 
 def short_op(op: str) -> str:
     """An op as people name it: ``nn.conv2d`` -> ``conv2d``."""
-    return op[len("nn."):] if op.startswith("nn.") else op
+    return op[len("nn.") :] if op.startswith("nn.") else op
 
 
 def op_counts(graph: DataflowGraph, nodes: Iterable[int]) -> dict[str, int]:
@@ -44,8 +44,11 @@ def op_summary(graph: DataflowGraph, nodes: Iterable[int], limit: int | None = N
 def scope_name(scope: SEScope) -> str:
     """A scope as people name it: its backend, its precision when not f32, and its thread
     count when not the job's ("openvino bf16", "onnxruntime 1 thread")."""
-    return ((scope.backend or str(scope)) + (f" {scope.precision}" if scope.precision else "")
-            + (f" {threads_label(scope.threads)}" if scope.threads else ""))
+    return (
+        (scope.backend or str(scope))
+        + (f" {scope.precision}" if scope.precision else "")
+        + (f" {threads_label(scope.threads)}" if scope.threads else "")
+    )
 
 
 def threads_label(threads: int) -> str:
@@ -54,7 +57,9 @@ def threads_label(threads: int) -> str:
 
 def variant_label(precision: str, threads: int | None) -> str:
     """How a plan's name says what differs from f32 on the job's threads: "" or " (bf16, 1 thread)"."""
-    parts = ([precision] if precision != "f32" else []) + ([threads_label(threads)] if threads else [])
+    parts = ([precision] if precision != "f32" else []) + (
+        [threads_label(threads)] if threads else []
+    )
     return f" ({', '.join(parts)})" if parts else ""
 
 
@@ -71,11 +76,12 @@ def region_label(graph: DataflowGraph, nodes: Iterable[int], width: int = 40) ->
     if not label:
         counts = op_counts(graph, nodes)
         label = "+".join(_counted(op, c) for op, c in counts.items())
-    return label if len(label) <= width else label[:max(width - 3, 1)] + "..."
+    return label if len(label) <= width else label[: max(width - 3, 1)] + "..."
 
 
-def fit_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "",
-              pipes: bool = False) -> list[str]:
+def fit_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "", pipes: bool = False
+) -> list[str]:
     """Lines of a table whose columns are as wide as their widest cell (nothing cut).
 
     ``align`` holds one character per column, ``<`` (the default) or ``>``; ``pipes``
@@ -88,5 +94,9 @@ def fit_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str =
         padded = [f"{str(c):{a}{w}}" for c, a, w in zip(cells, align, widths, strict=True)]
         return ("| " + " | ".join(padded) + " |") if pipes else "  ".join(padded).rstrip()
 
-    rule = ("|" + "|".join("-" * (w + 2) for w in widths) + "|") if pipes else "  ".join("-" * w for w in widths)
+    rule = (
+        ("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+        if pipes
+        else "  ".join("-" * w for w in widths)
+    )
     return [line(header), rule, *(line(r) for r in rows)]

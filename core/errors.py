@@ -29,10 +29,14 @@ def last_line(e: BaseException, limit: int = 300) -> str:
 _SCOPE_TEXT = re.compile(r"(?:\b([\w.+-]+)|\*)@[\w*]+:[\w*]+/[\w*]+/[\w*]+")
 # A Python class name before a message, at its start or after a label ("tvm: InternalError: ..."):
 # ``RuntimeError: ``, ``tvm.error.InternalError: ``, ``BackendError: ``, ``Unsupported: ``.
-_CLASS_PREFIX = re.compile(r"(?:^|(?<=: )|(?<=; )|(?<=\())(?:[A-Za-z_]\w*\.)*"
-                           r"(?:[A-Z]\w*(?:Error|Exception)|Unsupported)\s*:\s+")
+_CLASS_PREFIX = re.compile(
+    r"(?:^|(?<=: )|(?<=; )|(?<=\())(?:[A-Za-z_]\w*\.)*"
+    r"(?:[A-Z]\w*(?:Error|Exception)|Unsupported)\s*:\s+"
+)
 # An error with no message is only its class name (``MemoryError``, ``tvm.error.TVMError``).
-_BARE_CLASS = re.compile(r"(?:^|(?<=: )|(?<=; ))(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?:Error|Exception))(?=$|;)")
+_BARE_CLASS = re.compile(
+    r"(?:^|(?<=: )|(?<=; ))(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?:Error|Exception))(?=$|;)"
+)
 _WORD = re.compile(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")  # MemoryError -> Memory|Error
 
 
@@ -43,4 +47,4 @@ def clean_error(error: str, limit: int = 160) -> str:
     line = _SCOPE_TEXT.sub(lambda m: m.group(1) or "a scope", line)
     line = _CLASS_PREFIX.sub("", line).strip()
     line = _BARE_CLASS.sub(lambda m: _WORD.sub(" ", m.group(1)).lower(), line)  # -> "memory error"
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    return line if len(line) <= limit else line[: limit - 3] + "..."

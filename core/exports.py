@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_exports(package: str, modules: dict[str, tuple[str, ...]]) -> tuple[
-        Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, modules: dict[str, tuple[str, ...]]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``: each name of ``modules`` (a submodule's
     name relative to ``package`` -> the names it defines) read from its submodule on first use."""
     where = {name: module for module, names in modules.items() for name in names}

@@ -32,27 +32,87 @@ class OpKind(IntEnum):
 
 
 _ELEMWISE_OPS = {
-    "add", "subtract", "multiply", "divide", "floor_divide", "power", "maximum", "minimum",
-    "nn.relu", "nn.gelu", "nn.gelu_tanh", "nn.silu", "sigmoid", "tanh", "erf", "exp", "log",
-    "sqrt", "rsqrt", "clip", "negative", "abs", "where", "equal", "not_equal", "less",
-    "less_equal", "greater", "greater_equal", "logical_not", "logical_and", "logical_or",
-    "bitwise_and", "bitwise_or", "astype", "round", "floor", "ceil", "sin", "cos", "square",
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "floor_divide",
+    "power",
+    "maximum",
+    "minimum",
+    "nn.relu",
+    "nn.gelu",
+    "nn.gelu_tanh",
+    "nn.silu",
+    "sigmoid",
+    "tanh",
+    "erf",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "clip",
+    "negative",
+    "abs",
+    "where",
+    "equal",
+    "not_equal",
+    "less",
+    "less_equal",
+    "greater",
+    "greater_equal",
+    "logical_not",
+    "logical_and",
+    "logical_or",
+    "bitwise_and",
+    "bitwise_or",
+    "astype",
+    "round",
+    "floor",
+    "ceil",
+    "sin",
+    "cos",
+    "square",
 }
 _INJECTIVE_OPS = {
-    "reshape", "permute_dims", "broadcast_to", "expand_dims", "squeeze", "concat", "split",
-    "strided_slice", "take", "nn.pad", "full", "full_like", "zeros", "zeros_like", "ones",
-    "ones_like", "arange", "index_tensor", "flatten", "layout_transform", "tile", "repeat",
+    "reshape",
+    "permute_dims",
+    "broadcast_to",
+    "expand_dims",
+    "squeeze",
+    "concat",
+    "split",
+    "strided_slice",
+    "take",
+    "nn.pad",
+    "full",
+    "full_like",
+    "zeros",
+    "zeros_like",
+    "ones",
+    "ones_like",
+    "arange",
+    "index_tensor",
+    "flatten",
+    "layout_transform",
+    "tile",
+    "repeat",
 }
 _REDUCTION_OPS = {"sum", "mean", "max", "min", "prod", "variance", "argmax", "argmin"}
 _OUT_FUSABLE_OPS = {
-    "nn.conv2d", "nn.conv1d", "matmul", "linear", "nn.max_pool2d", "nn.avg_pool2d",
-    "nn.adaptive_avg_pool2d", "nn.conv2d_transpose",
+    "nn.conv2d",
+    "nn.conv1d",
+    "matmul",
+    "linear",
+    "nn.max_pool2d",
+    "nn.avg_pool2d",
+    "nn.adaptive_avg_pool2d",
+    "nn.conv2d_transpose",
 }
 
 
 def _short(op_name: str) -> str:
-    return op_name[len("relax."):] if op_name.startswith("relax.") else op_name
-
+    return op_name[len("relax.") :] if op_name.startswith("relax.") else op_name
 
 
 def _nbytes(t: relax.TensorType) -> int:
@@ -125,7 +185,9 @@ def _flops(op: str, value: relax.Expr, in_types: list, out_types: list) -> int:
     if op in _ELEMWISE_OPS:
         return out_elems
     if op in _REDUCTION_OPS or op in ("nn.softmax", "nn.layer_norm", "nn.batch_norm"):
-        return sum(math.prod(known_shape(t) or (0,)) for t in in_types[:1]) * (5 if op.startswith("nn.") else 1)
+        return sum(math.prod(known_shape(t) or (0,)) for t in in_types[:1]) * (
+            5 if op.startswith("nn.") else 1
+        )
     if op in ("nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d"):
         return sum(math.prod(known_shape(t) or (0,)) for t in in_types[:1])
     return 0
@@ -254,8 +316,11 @@ class DataflowGraph:
     @cached_property
     def fingerprint(self) -> str:
         """Stable across processes: ops, attributes, shapes, dtypes and edges."""
-        doc = [self.param_names, self.outputs,
-               [(n.op, n.attrs, n.inputs, n.shapes, n.dtypes) for n in self.nodes]]
+        doc = [
+            self.param_names,
+            self.outputs,
+            [(n.op, n.attrs, n.inputs, n.shapes, n.dtypes) for n in self.nodes],
+        ]
         return digest(doc, GRAPH_DIGITS)
 
     @classmethod
@@ -266,26 +331,47 @@ class DataflowGraph:
             value = binding.value
             op = _op_name(value)
             args = _args(value)
-            in_types = [t for a in args if isinstance(a, relax.Expr) and hasattr(a, "ty")
-                        for t in tensor_types(a.ty)]
+            in_types = [
+                t
+                for a in args
+                if isinstance(a, relax.Expr) and hasattr(a, "ty")
+                for t in tensor_types(a.ty)
+            ]
             out_types = tensor_types(binding.var.ty)
             inputs = tuple(dict.fromkeys(index[a] for a in _vars(args) if a in index))
-            attrs = str(value.attrs) if isinstance(value, relax.Call) and value.attrs is not None else ""
+            attrs = (
+                str(value.attrs)
+                if isinstance(value, relax.Call) and value.attrs is not None
+                else ""
+            )
             arg_desc = tuple(_describe_arg(a, index) for a in args)
             if op == "get_item":
                 attrs = str(value.index)
             out_bytes = sum(_nbytes(t) for t in out_types)
-            nodes.append(Node(
-                index=i, name=binding.var.name, op=op,
-                kind=_kind(op, [known_shape(t) for t in in_types], [known_shape(t) for t in out_types]),
-                inputs=inputs, shapes=tuple(known_shape(t) for t in out_types),
-                dtypes=tuple(str(t.dtype) for t in out_types),
-                flops=_flops(op, value, in_types, out_types),
-                bytes=sum(_nbytes(t) for t in in_types) + out_bytes,
-                attrs=attrs, args=arg_desc, out_bytes=out_bytes,
-                const_bytes=sum(_nbytes(t) for a in args if isinstance(a, tvm.ir.Constant)
-                                for t in tensor_types(a.ty)),
-            ))
+            nodes.append(
+                Node(
+                    index=i,
+                    name=binding.var.name,
+                    op=op,
+                    kind=_kind(
+                        op, [known_shape(t) for t in in_types], [known_shape(t) for t in out_types]
+                    ),
+                    inputs=inputs,
+                    shapes=tuple(known_shape(t) for t in out_types),
+                    dtypes=tuple(str(t.dtype) for t in out_types),
+                    flops=_flops(op, value, in_types, out_types),
+                    bytes=sum(_nbytes(t) for t in in_types) + out_bytes,
+                    attrs=attrs,
+                    args=arg_desc,
+                    out_bytes=out_bytes,
+                    const_bytes=sum(
+                        _nbytes(t)
+                        for a in args
+                        if isinstance(a, tvm.ir.Constant)
+                        for t in tensor_types(a.ty)
+                    ),
+                )
+            )
             index[binding.var] = i
         result = func.body.body if isinstance(func.body, relax.SeqExpr) else func.body
         outs = [index[v] for v in _vars([result]) if v in index]
@@ -295,5 +381,7 @@ class DataflowGraph:
         """One line per node, for people reading a plan."""
         rows = []
         for n in self.nodes if indices is None else (self.nodes[i] for i in indices):
-            rows.append(f"{n.index:4d} {n.name:>8} = {n.op:<22} {n.kind.name:<20} <- {list(n.inputs)}")
+            rows.append(
+                f"{n.index:4d} {n.name:>8} = {n.op:<22} {n.kind.name:<20} <- {list(n.inputs)}"
+            )
         return "\n".join(rows)

@@ -40,7 +40,9 @@ class KeyedPlan(Protocol):
 
 def digest(doc: Any, digits: int, *, sort_keys: bool = False) -> str:
     """The first ``digits`` hex digits of the SHA-256 of ``doc`` as JSON (other values as str)."""
-    return hashlib.sha256(json.dumps(doc, sort_keys=sort_keys, default=str).encode()).hexdigest()[:digits]
+    return hashlib.sha256(json.dumps(doc, sort_keys=sort_keys, default=str).encode()).hexdigest()[
+        :digits
+    ]
 
 
 def region_key(graph: KeyedGraph, nodes: tuple[int, ...]) -> str:
@@ -75,8 +77,10 @@ def region_key(graph: KeyedGraph, nodes: tuple[int, ...]) -> str:
 def node_key_parts(graph: KeyedGraph) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Per node, the JSON text ``region_key`` digests: the entry's opening up to its ``args``
     (``[op, attrs, shapes, dtypes, args``), and the node as an input from outside the region."""
-    head = tuple(json.dumps([n.op, n.attrs, n.shapes, n.dtypes, n.args], default=str)[:-1]
-                 for n in graph.nodes)
+    head = tuple(
+        json.dumps([n.op, n.attrs, n.shapes, n.dtypes, n.args], default=str)[:-1]
+        for n in graph.nodes
+    )
     outside = tuple(json.dumps(f"x{n.shapes}{n.dtypes}") for n in graph.nodes)
     return head, outside
 
@@ -101,7 +105,11 @@ def verdict_key(graph_fingerprint: str, plan_keys: dict[str, str], peers: Sequen
     verdict, since its measurements are stored under them. (One search may call the same
     plan "partune dp" and another "partune dp (f32)"; keyed by plans alone, the second found
     the verdict done but its own labels never stored, and waited for ever.)"""
-    return "verdict:" + digest([graph_fingerprint, sorted(plan_keys.items()), sorted(peers)], KEY_DIGITS) + ":"
+    return (
+        "verdict:"
+        + digest([graph_fingerprint, sorted(plan_keys.items()), sorted(peers)], KEY_DIGITS)
+        + ":"
+    )
 
 
 def calibration_keys(scope: SEScope) -> tuple[str, str]:

@@ -36,8 +36,9 @@ def _substitute(expr: relax.Expr, env: dict[relax.Var, relax.Expr]) -> relax.Exp
     if isinstance(expr, relax.TupleGetItem):
         return relax.TupleGetItem(_substitute(expr.tuple_value, env), expr.index)
     if isinstance(expr, relax.Call):
-        return relax.Call(expr.op, [_substitute(a, env) for a in expr.args], expr.attrs,
-                          expr.ty_args)
+        return relax.Call(
+            expr.op, [_substitute(a, env) for a in expr.args], expr.attrs, expr.ty_args
+        )
     return expr
 
 
@@ -67,12 +68,14 @@ def _free_vars(bindings: list[relax.Binding]) -> list[relax.Var]:
 def region_exits(graph: DataflowGraph, region: set[int]) -> list[int]:
     """Nodes of ``region`` read by another region or returned by main."""
     outs = set(graph.outputs)
-    return [n for n in sorted(region)
-            if n in outs or any(c not in region for c in graph.consumers[n])]
+    return [
+        n for n in sorted(region) if n in outs or any(c not in region for c in graph.consumers[n])
+    ]
 
 
-def lift_region(bindings: list[relax.Binding], exits: list[relax.Var], name: str,
-                attrs: dict[str, str]) -> tuple[relax.Function, list[relax.Expr], Callable]:
+def lift_region(
+    bindings: list[relax.Binding], exits: list[relax.Var], name: str, attrs: dict[str, str]
+) -> tuple[relax.Function, list[relax.Expr], Callable]:
     """Make a function of ``bindings`` returning ``exits``.
 
     Returns the function, its call arguments (to be substituted in the caller) and a
@@ -102,7 +105,7 @@ def lift_region(bindings: list[relax.Binding], exits: list[relax.Var], name: str
             for a in free:
                 if isinstance(a.ty, relax.TupleType):
                     n = len(a.ty.fields)
-                    env[a] = bb.emit(relax.Tuple(params[k:k + n]))
+                    env[a] = bb.emit(relax.Tuple(params[k : k + n]))
                     k += n
                 else:
                     env[a] = params[k]
@@ -128,15 +131,21 @@ def lift_region(bindings: list[relax.Binding], exits: list[relax.Var], name: str
         def item(i: int) -> relax.Expr:
             return result if len(flat) == 1 else relax.TupleGetItem(result, i)
 
-        return [item(s) if n == -1 else relax.Tuple([item(s + k) for k in range(n)])
-                for s, n in shapes]
+        return [
+            item(s) if n == -1 else relax.Tuple([item(s + k) for k in range(n)]) for s, n in shapes
+        ]
 
     return func, args, rebuild
 
 
-def apply(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph,
-          codegen_of: Callable[[str], str | None], prefix: str = "",
-          bordered: Callable[[str], bool] = lambda backend: False) -> tvm.IRModule:
+def apply(
+    plan: Plan,
+    mod: tvm.IRModule,
+    graph: DataflowGraph,
+    codegen_of: Callable[[str], str | None],
+    prefix: str = "",
+    bordered: Callable[[str], bool] = lambda backend: False,
+) -> tvm.IRModule:
     """Rewrite ``mod`` so each region runs on its plan's SEScope.
 
     ``codegen_of(backend)`` gives a backend's BYOC codegen name, or None for native TVM;
@@ -157,12 +166,16 @@ def apply(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph,
                 region = regions[k]
                 nodes = sorted(region.nodes)
                 codegen = codegen_of(region.backend)
-                bf16 = codegen is None and region.scope.compute_precision == "bf16"  # else the codegen's
+                bf16 = (
+                    codegen is None and region.scope.compute_precision == "bf16"
+                )  # else the codegen's
                 if codegen is None and not bordered(region.backend):
                     for n in nodes:
                         b = bindings[n]
                         value = _substitute(b.value, env)
-                        env[b.var] = bb.emit(in_bf16(value) if bf16 else value, name_hint=b.var.name)
+                        env[b.var] = bb.emit(
+                            in_bf16(value) if bf16 else value, name_hint=b.var.name
+                        )
                     continue
                 exits = [bindings[n].var for n in region_exits(graph, set(nodes))]
                 if codegen is None:  # native, bordered: plain Relax, lowered with main
@@ -170,11 +183,18 @@ def apply(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph,
                     attrs = {"global_symbol": symbol}
                 else:
                     symbol = f"{codegen}_{prefix}r{k}_{nodes[0]}"
-                    attrs = {"Codegen": codegen, "global_symbol": symbol,
-                             SCOPE_ATTR: json.dumps(region.scope.to_json())}
-                lifted, args, rebuild = lift_region([bindings[n] for n in nodes], exits, symbol, attrs)
+                    attrs = {
+                        "Codegen": codegen,
+                        "global_symbol": symbol,
+                        SCOPE_ATTR: json.dumps(region.scope.to_json()),
+                    }
+                lifted, args, rebuild = lift_region(
+                    [bindings[n] for n in nodes], exits, symbol, attrs
+                )
                 gv = bb.add_func(function_in_bf16(lifted) if bf16 else lifted, symbol)
-                call = bb.emit(relax.Call(gv, [_substitute(a, env) for a in args]), name_hint=symbol)
+                call = bb.emit(
+                    relax.Call(gv, [_substitute(a, env) for a in args]), name_hint=symbol
+                )
                 for v, e in zip(exits, rebuild(call), strict=True):
                     env[v] = bb.emit(e, name_hint=v.name) if not isinstance(e, relax.Var) else e
             result = _substitute(func.body.body, env)

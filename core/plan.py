@@ -40,8 +40,11 @@ class Region:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Region:
-        return cls(tuple(int(i) for i in data["nodes"]), SEScope.from_json(data["scope"]),
-                   data.get("cost_s"))
+        return cls(
+            tuple(int(i) for i in data["nodes"]),
+            SEScope.from_json(data["scope"]),
+            data.get("cost_s"),
+        )
 
 
 @dataclass(frozen=True)
@@ -87,9 +90,15 @@ class Plan:
         return None if any(c is None for c in costs) else sum(costs)  # type: ignore[arg-type]
 
     def to_json(self) -> dict[str, Any]:
-        out = {"format": FORMAT, "model": self.model, "fingerprint": self.fingerprint,
-               "config": self.config.to_json(), "regions": [r.to_json() for r in self.regions],
-               "versions": self.versions, "notes": self.notes}
+        out = {
+            "format": FORMAT,
+            "model": self.model,
+            "fingerprint": self.fingerprint,
+            "config": self.config.to_json(),
+            "regions": [r.to_json() for r in self.regions],
+            "versions": self.versions,
+            "notes": self.notes,
+        }
         return out | ({"model_file": self.model_file.to_json()} if self.model_file else {})
 
     @classmethod
@@ -97,11 +106,17 @@ class Plan:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise PlanError(f"not a Partune plan (expected format '{FORMAT}')")
         try:
-            return cls(model=data["model"], fingerprint=data["fingerprint"],
-                       config=CompilationConfig.from_json(data["config"]),
-                       regions=tuple(Region.from_json(r) for r in data["regions"]),
-                       versions=dict(data.get("versions", {})), notes=dict(data.get("notes", {})),
-                       model_file=ModelFile.from_json(data["model_file"]) if data.get("model_file") else None)
+            return cls(
+                model=data["model"],
+                fingerprint=data["fingerprint"],
+                config=CompilationConfig.from_json(data["config"]),
+                regions=tuple(Region.from_json(r) for r in data["regions"]),
+                versions=dict(data.get("versions", {})),
+                notes=dict(data.get("notes", {})),
+                model_file=ModelFile.from_json(data["model_file"])
+                if data.get("model_file")
+                else None,
+            )
         except (KeyError, TypeError, ValueError, ScopeError) as e:
             raise PlanError(f"malformed plan: {e}") from e
 
@@ -123,13 +138,17 @@ class Plan:
     def validate(self, graph: DataflowGraph, known_backends: tuple[str, ...]) -> None:
         """Raise PlanError unless this plan fits ``graph`` and names only known backends."""
         if self.fingerprint != graph.fingerprint:
-            raise PlanError(f"plan is for another model (fingerprint {self.fingerprint}, "
-                            f"model has {graph.fingerprint})")
+            raise PlanError(
+                f"plan is for another model (fingerprint {self.fingerprint}, "
+                f"model has {graph.fingerprint})"
+            )
         owner: dict[int, int] = {}
         for r_index, region in enumerate(self.regions):
             if region.scope.backend not in known_backends:
-                raise PlanError(f"plan names unknown backend '{region.scope.backend}' "
-                                f"(known: {', '.join(known_backends)})")
+                raise PlanError(
+                    f"plan names unknown backend '{region.scope.backend}' "
+                    f"(known: {', '.join(known_backends)})"
+                )
             for node in region.nodes:
                 if not 0 <= node < len(graph):
                     raise PlanError(f"plan names node {node}, model has {len(graph)} nodes")
@@ -139,8 +158,10 @@ class Plan:
         missing = [i for i in range(len(graph)) if i not in owner]
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            raise PlanError(f"plan leaves {len(missing)} node(s) uncovered: "
-                            f"{', '.join(map(str, missing[:5]))}{more}")
+            raise PlanError(
+                f"plan leaves {len(missing)} node(s) uncovered: "
+                f"{', '.join(map(str, missing[:5]))}{more}"
+            )
         region_order(graph, self.regions)  # raises on cyclic region dependencies
 
 
@@ -184,19 +205,38 @@ def contiguous_runs(nodes: list[int]) -> list[tuple[int, ...]]:
     return [tuple(r) for r in runs]
 
 
-def model_file_plan(model: str, graph: DataflowGraph, config: CompilationConfig, file: ModelFile,
-                    notes: dict[str, Any] | None = None) -> Plan:
+def model_file_plan(
+    model: str,
+    graph: DataflowGraph,
+    config: CompilationConfig,
+    file: ModelFile,
+    notes: dict[str, Any] | None = None,
+) -> Plan:
     """The plan that runs the model's own ONNX graph under ``file.library``: one region of
     every node (so it validates like any plan), built from the file, not from Relax."""
-    scope = next((s for s in config.primitives if s.backend == file.library),
-                 SEScope(device_type="cpu", backend=file.library))
-    return Plan(model, graph.fingerprint, config, (Region(tuple(range(len(graph))), scope),),
-                notes=notes or {}, model_file=file)
+    scope = next(
+        (s for s in config.primitives if s.backend == file.library),
+        SEScope(device_type="cpu", backend=file.library),
+    )
+    return Plan(
+        model,
+        graph.fingerprint,
+        config,
+        (Region(tuple(range(len(graph))), scope),),
+        notes=notes or {},
+        model_file=file,
+    )
 
 
-def single_backend_plan(model: str, graph: DataflowGraph, config: CompilationConfig,
-                        backend: str, accepted: set[int], precision: str = "f32",
-                        threads: int | None = None) -> Plan:
+def single_backend_plan(
+    model: str,
+    graph: DataflowGraph,
+    config: CompilationConfig,
+    backend: str,
+    accepted: set[int],
+    precision: str = "f32",
+    threads: int | None = None,
+) -> Plan:
     """All that ``backend`` accepts goes to it (in convex runs, computing in ``precision``, on
     ``threads`` threads or the job's), the rest to the default."""
     fallback = config.default
@@ -209,6 +249,14 @@ def single_backend_plan(model: str, graph: DataflowGraph, config: CompilationCon
     for run in contiguous_runs([i for i in range(len(graph)) if i not in accepted]):
         regions.append(Region(run, fallback))
     regions.sort(key=lambda r: r.nodes[0])
-    return Plan(model, graph.fingerprint, config, tuple(regions),
-                notes={"kind": f"single-backend {backend}" + ("" if precision == "f32" else f" {precision}")
-                       + (f" {threads}t" if threads else "")})
+    return Plan(
+        model,
+        graph.fingerprint,
+        config,
+        tuple(regions),
+        notes={
+            "kind": f"single-backend {backend}"
+            + ("" if precision == "f32" else f" {precision}")
+            + (f" {threads}t" if threads else "")
+        },
+    )

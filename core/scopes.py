@@ -66,9 +66,13 @@ class SEScope:
         if self.precision == F32:  # one spelling of f32, so f32 scopes stay equal and keys stay put
             object.__setattr__(self, "precision", None)
         if self.precision is not None and self.precision not in PRECISIONS:
-            raise ScopeError(f"unknown precision '{self.precision}' (known: {', '.join(PRECISIONS)})")
+            raise ScopeError(
+                f"unknown precision '{self.precision}' (known: {', '.join(PRECISIONS)})"
+            )
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise ScopeError(f"a scope's thread count must be a positive integer, not {self.threads!r}")
+            raise ScopeError(
+                f"a scope's thread count must be a positive integer, not {self.threads!r}"
+            )
         if self.target is not None:
             kind = self.target.get("kind")
             if kind is None:
@@ -81,8 +85,15 @@ class SEScope:
 
     # Equality and hashing include the target's contents.
     def _key(self) -> tuple:
-        return (self.device_type, self.virtual_device_id, _freeze_target(self.target),
-                self.memory_scope, self.backend, self.precision, self.threads)
+        return (
+            self.device_type,
+            self.virtual_device_id,
+            _freeze_target(self.target),
+            self.memory_scope,
+            self.backend,
+            self.precision,
+            self.threads,
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SEScope) and self._key() == other._key()
@@ -98,13 +109,22 @@ class SEScope:
     @property
     def choice(self) -> str:
         """The scope as a refinement choice names it: ``backend[/bf16][/1t]``."""
-        return "/".join([self.backend or "*", *([self.precision] if self.precision else []),
-                         *([f"{self.threads}t"] if self.threads else [])])
+        return "/".join(
+            [
+                self.backend or "*",
+                *([self.precision] if self.precision else []),
+                *([f"{self.threads}t"] if self.threads else []),
+            ]
+        )
 
     @property
     def is_fully_constrained(self) -> bool:
         """Every field set (precision and threads may stay unset: f32, on the job's threads)."""
-        return all(getattr(self, f.name) is not None for f in fields(self) if f.name not in ("precision", "threads"))
+        return all(
+            getattr(self, f.name) is not None
+            for f in fields(self)
+            if f.name not in ("precision", "threads")
+        )
 
     def join(self, other: SEScope) -> SEScope | None:
         """The scope satisfying both, or None when a field is constrained differently."""
@@ -121,8 +141,14 @@ class SEScope:
 
     def default(self, other: SEScope) -> SEScope:
         """This scope, with its unconstrained fields taken from ``other``."""
-        return replace(self, **{f.name: getattr(other, f.name) for f in fields(self)
-                                if getattr(self, f.name) is None})
+        return replace(
+            self,
+            **{
+                f.name: getattr(other, f.name)
+                for f in fields(self)
+                if getattr(self, f.name) is None
+            },
+        )
 
     def compatible(self, other: SEScope) -> bool:
         return self.join(other) is not None
@@ -143,14 +169,19 @@ class SEScope:
         import tvm
 
         if self.target is None:
-            raise ScopeError(f"the {self.backend or 'unnamed'} scope has no target: TVM needs one to compile")
+            raise ScopeError(
+                f"the {self.backend or 'unnamed'} scope has no target: TVM needs one to compile"
+            )
         return tvm.target.Target(dict(self.target))
 
     def __str__(self) -> str:
         tgt = self.target.get("kind") if self.target else "*"
-        return (f"{self.backend or '*'}@{self.device_type or '*'}:{self.virtual_device_id if self.virtual_device_id is not None else '*'}"
-                f"/{tgt}/{self.memory_scope or '*'}" + (f"/{self.precision}" if self.precision else "")
-                + (f"/{self.threads}t" if self.threads else ""))
+        return (
+            f"{self.backend or '*'}@{self.device_type or '*'}:{self.virtual_device_id if self.virtual_device_id is not None else '*'}"
+            f"/{tgt}/{self.memory_scope or '*'}"
+            + (f"/{self.precision}" if self.precision else "")
+            + (f"/{self.threads}t" if self.threads else "")
+        )
 
 
 def cpu_target(threads: int = 1) -> dict[str, Any]:
@@ -169,13 +200,17 @@ class CompilationConfig:
     def __post_init__(self) -> None:
         for s in (self.host, self.default, *self.primitives):
             if not s.is_fully_constrained:
-                raise ScopeError(f"the {s.backend or 'unnamed'} scope of a CompilationConfig must be fully "
-                                 "constrained (device, virtual device, target, memory scope, backend)")
+                raise ScopeError(
+                    f"the {s.backend or 'unnamed'} scope of a CompilationConfig must be fully "
+                    "constrained (device, virtual device, target, memory scope, backend)"
+                )
         if self.default not in self.primitives:
             raise ScopeError("the default scope must be one of the primitive scopes")
         places = [(s.backend, s.virtual_device_id, s.precision, s.threads) for s in self.primitives]
         if len(set(places)) != len(places):
-            raise ScopeError("two primitive scopes share a backend, virtual device, precision and thread count")
+            raise ScopeError(
+                "two primitive scopes share a backend, virtual device, precision and thread count"
+            )
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -201,23 +236,37 @@ class CompilationConfig:
         for s in self.primitives:
             if s.choice == choice:
                 return s
-        raise ScopeError(f"no scope '{choice}' (on offer: {', '.join(s.choice for s in self.primitives)})")
+        raise ScopeError(
+            f"no scope '{choice}' (on offer: {', '.join(s.choice for s in self.primitives)})"
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host.to_json(), "default": self.default.to_json(),
-                "primitives": [s.to_json() for s in self.primitives]}
+        return {
+            "host": self.host.to_json(),
+            "default": self.default.to_json(),
+            "primitives": [s.to_json() for s in self.primitives],
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CompilationConfig:
         try:
-            return cls(host=SEScope.from_json(data["host"]), default=SEScope.from_json(data["default"]),
-                       primitives=tuple(SEScope.from_json(s) for s in data["primitives"]))
+            return cls(
+                host=SEScope.from_json(data["host"]),
+                default=SEScope.from_json(data["default"]),
+                primitives=tuple(SEScope.from_json(s) for s in data["primitives"]),
+            )
         except (KeyError, TypeError) as e:
             raise ScopeError(f"malformed CompilationConfig: {e}") from e
 
     @classmethod
-    def for_cpu(cls, backends: list[str], threads: int = 1, native: str = "tvm",
-                bf16: tuple[str, ...] = (), one_thread: tuple[str, ...] = ()) -> CompilationConfig:
+    def for_cpu(
+        cls,
+        backends: list[str],
+        threads: int = 1,
+        native: str = "tvm",
+        bf16: tuple[str, ...] = (),
+        one_thread: tuple[str, ...] = (),
+    ) -> CompilationConfig:
         """One f32 CPU scope per backend, a bf16 one for each backend in ``bf16``, and, on
         more than one thread, a one-thread twin of each scope of the backends in
         ``one_thread``; the native backend's f32 scope is the default and the host."""

@@ -128,8 +128,11 @@ class SubGraph:
 
     def is_valid(self, max_exits: int | None = None, max_depth: int | None = None) -> bool:
         # The cheap tests first; all three must hold, so the order changes no answer.
-        return ((max_exits is None or len(self.exits) <= max_exits) and self.is_convex
-                and (max_depth is None or self.depth <= max_depth))
+        return (
+            (max_exits is None or len(self.exits) <= max_exits)
+            and self.is_convex
+            and (max_depth is None or self.depth <= max_depth)
+        )
 
     def touches(self, other: SubGraph) -> bool:
         """Whether an edge runs from this sub-graph into ``other``."""

@@ -35,7 +35,9 @@ def cpu_name() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
     except OSError:
         pass
     return cpu
@@ -43,7 +45,12 @@ def cpu_name() -> str:
 
 def device_fingerprint(threads: int) -> str:
     """What decides whether a measurement still holds: CPU, thread count, library versions."""
-    doc = {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": threads, "versions": tool_versions()}
+    doc = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "versions": tool_versions(),
+    }
     return digest(doc, FINGERPRINT_DIGITS, sort_keys=True)
 
 

@@ -18,11 +18,19 @@ __all__ = [
     "region_features",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "base": ("CostModel",),
-    "borders": ("BorderModel", "Equation", "fit", "region_features",),
-    "features": ("featurize",),
-    "file_kept": ("FileKeptModel",),
-    "storage_kept": ("StorageKeptModel",),
-    "xgboost_model": ("XGBoostCostModel",),
-})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "base": ("CostModel",),
+        "borders": (
+            "BorderModel",
+            "Equation",
+            "fit",
+            "region_features",
+        ),
+        "features": ("featurize",),
+        "file_kept": ("FileKeptModel",),
+        "storage_kept": ("StorageKeptModel",),
+        "xgboost_model": ("XGBoostCostModel",),
+    },
+)

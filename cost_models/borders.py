@@ -48,8 +48,10 @@ class BorderModel:
 
     def describe(self) -> str:
         per_region, per_byte, per_weight = self.coef
-        return (f"{per_region * 1e6:.1f} us per region + {per_byte * 1e9:.3f} ns per border byte "
-                f"+ {per_weight * 1e9:.3f} ns per weight byte (fitted on {self.equations} plans)")
+        return (
+            f"{per_region * 1e6:.1f} us per region + {per_byte * 1e9:.3f} ns per border byte "
+            f"+ {per_weight * 1e9:.3f} ns per weight byte (fitted on {self.equations} plans)"
+        )
 
 
 @dataclass(frozen=True)

@@ -17,17 +17,68 @@ import numpy as np
 from partune.core import DataflowGraph, OpKind, SubGraph
 
 FEATURE_VERSION = 1
-OPS = ("nn.conv2d", "matmul", "add", "multiply", "subtract", "divide", "nn.relu", "clip", "sigmoid",
-       "tanh", "erf", "exp", "power", "sqrt", "rsqrt", "nn.gelu", "nn.silu", "nn.softmax",
-       "nn.layer_norm", "nn.batch_norm", "mean", "sum", "max", "nn.max_pool2d", "nn.avg_pool2d",
-       "nn.adaptive_avg_pool2d", "reshape", "permute_dims", "concat", "split", "strided_slice",
-       "take", "astype", "where", "broadcast_to", "expand_dims", "squeeze", "get_item", "tuple",
-       "const", "alias")
+OPS = (
+    "nn.conv2d",
+    "matmul",
+    "add",
+    "multiply",
+    "subtract",
+    "divide",
+    "nn.relu",
+    "clip",
+    "sigmoid",
+    "tanh",
+    "erf",
+    "exp",
+    "power",
+    "sqrt",
+    "rsqrt",
+    "nn.gelu",
+    "nn.silu",
+    "nn.softmax",
+    "nn.layer_norm",
+    "nn.batch_norm",
+    "mean",
+    "sum",
+    "max",
+    "nn.max_pool2d",
+    "nn.avg_pool2d",
+    "nn.adaptive_avg_pool2d",
+    "reshape",
+    "permute_dims",
+    "concat",
+    "split",
+    "strided_slice",
+    "take",
+    "astype",
+    "where",
+    "broadcast_to",
+    "expand_dims",
+    "squeeze",
+    "get_item",
+    "tuple",
+    "const",
+    "alias",
+)
 BACKENDS = ("tvm", "torch", "onnxruntime", "openvino")
 KINDS = tuple(OpKind)
-NAMES = (*(f"op:{o}" for o in OPS), "op:other", *(f"kind:{k.name.lower()}" for k in KINDS),
-         "nodes", "log_flops", "log_bytes_in", "log_bytes_out", "log_weight_bytes", "log_largest",
-         "intensity", "inputs", "exits", "depth", *(f"backend:{b}" for b in BACKENDS), "backend:other")
+NAMES = (
+    *(f"op:{o}" for o in OPS),
+    "op:other",
+    *(f"kind:{k.name.lower()}" for k in KINDS),
+    "nodes",
+    "log_flops",
+    "log_bytes_in",
+    "log_bytes_out",
+    "log_weight_bytes",
+    "log_largest",
+    "intensity",
+    "inputs",
+    "exits",
+    "depth",
+    *(f"backend:{b}" for b in BACKENDS),
+    "backend:other",
+)
 
 
 def _log(x: float) -> float:
@@ -48,9 +99,17 @@ def featurize(graph: DataflowGraph, nodes: Iterable[int], backend: str) -> np.nd
         largest = max([largest, *(math.prod(s) for s in node.shapes if s is not None)])
     bytes_in = sum(graph.nodes[p].out_bytes for p in sub.inputs)
     bytes_out = sum(graph.nodes[n].out_bytes for n in sub.exits)
-    vec |= {"nodes": len(sub), "log_flops": _log(flops), "log_bytes_in": _log(bytes_in),
-            "log_bytes_out": _log(bytes_out), "log_weight_bytes": _log(weights),
-            "log_largest": _log(largest), "intensity": flops / (bytes_in + bytes_out + weights + 1),
-            "inputs": len(sub.inputs), "exits": len(sub.exits), "depth": sub.depth}
+    vec |= {
+        "nodes": len(sub),
+        "log_flops": _log(flops),
+        "log_bytes_in": _log(bytes_in),
+        "log_bytes_out": _log(bytes_out),
+        "log_weight_bytes": _log(weights),
+        "log_largest": _log(largest),
+        "intensity": flops / (bytes_in + bytes_out + weights + 1),
+        "inputs": len(sub.inputs),
+        "exits": len(sub.exits),
+        "depth": sub.depth,
+    }
     vec[f"backend:{backend}" if backend in BACKENDS else "backend:other"] = 1.0
     return np.array([vec[k] for k in NAMES], dtype=np.float64)

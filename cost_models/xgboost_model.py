@@ -18,8 +18,16 @@ import numpy as np
 from partune.cost_models.base import CostModel
 from partune.cost_models.features import FEATURE_VERSION, NAMES
 
-PARAMS = {"max_depth": 6, "eta": 0.1, "subsample": 0.9, "colsample_bytree": 0.9, "min_child_weight": 2,
-          "objective": "reg:squarederror", "nthread": 1, "seed": 0}
+PARAMS = {
+    "max_depth": 6,
+    "eta": 0.1,
+    "subsample": 0.9,
+    "colsample_bytree": 0.9,
+    "min_child_weight": 2,
+    "objective": "reg:squarederror",
+    "nthread": 1,
+    "seed": 0,
+}
 ROUNDS = 300
 
 
@@ -61,7 +69,9 @@ class XGBoostCostModel(CostModel):
         """The booster as XGBoost JSON, and beside it the feature version it expects."""
         path = Path(path)
         _write_whole(path, lambda aside: self.booster.save_model(str(aside)))
-        _write_whole(path.with_suffix(".meta.json"), lambda aside: aside.write_text(json.dumps(self._meta())))
+        _write_whole(
+            path.with_suffix(".meta.json"), lambda aside: aside.write_text(json.dumps(self._meta()))
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> XGBoostCostModel:
@@ -77,7 +87,9 @@ class XGBoostCostModel(CostModel):
     def to_text(self) -> str:
         """The model as one JSON text (its description and the booster's XGBoost JSON), for a
         storage that keeps it (``partune.cost_models.storage_kept``)."""
-        return json.dumps({"meta": self._meta(), "booster": bytes(self.booster.save_raw("json")).decode()})
+        return json.dumps(
+            {"meta": self._meta(), "booster": bytes(self.booster.save_raw("json")).decode()}
+        )
 
     @classmethod
     def from_text(cls, text: str, where: str) -> XGBoostCostModel:
@@ -92,7 +104,11 @@ class XGBoostCostModel(CostModel):
         return cls(booster, doc["meta"]["trained_on"])
 
     def _meta(self) -> dict:
-        return {"feature_version": FEATURE_VERSION, "features": list(NAMES), "trained_on": self.trained_on}
+        return {
+            "feature_version": FEATURE_VERSION,
+            "features": list(NAMES),
+            "trained_on": self.trained_on,
+        }
 
 
 def _check(meta, where) -> None:
@@ -100,8 +116,10 @@ def _check(meta, where) -> None:
     if not isinstance(meta, dict) or not {"feature_version", "trained_on"} <= meta.keys():
         raise ValueError(f"{where} is not a Partune cost model's description")
     if meta["feature_version"] != FEATURE_VERSION:
-        raise ValueError(f"{where} was trained on feature version {meta['feature_version']}, "
-                         f"this Partune computes version {FEATURE_VERSION}")
+        raise ValueError(
+            f"{where} was trained on feature version {meta['feature_version']}, "
+            f"this Partune computes version {FEATURE_VERSION}"
+        )
 
 
 def _write_whole(path: Path, write: Callable[[Path], object]) -> None:

@@ -65,8 +65,15 @@ def _make_divisible(v: float, divisor: int = 8) -> int:
     return new_v
 
 
-def _conv_bn(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1,
-             act: type[nn.Module] | None = nn.ReLU, eps: float = 1e-5) -> nn.Sequential:
+def _conv_bn(
+    cin: int,
+    cout: int,
+    k: int,
+    stride: int = 1,
+    groups: int = 1,
+    act: type[nn.Module] | None = nn.ReLU,
+    eps: float = 1e-5,
+) -> nn.Sequential:
     """Conv2d(bias=False) -> BatchNorm2d -> optional activation, torchvision's Conv2dNormActivation."""
     layers: list[nn.Module] = [
         nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
@@ -103,7 +110,7 @@ def _unit_linears(model: nn.Module) -> nn.Module:
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=m.in_features ** -0.5)
+                nn.init.normal_(m.weight, std=m.in_features**-0.5)
                 nn.init.zeros_(m.bias)
     return model
 
@@ -130,8 +137,9 @@ class SqueezeExcitation(nn.Module):
 class MobileNetV3Block(nn.Module):
     """Inverted residual: 1x1 expand, depthwise kxk, optional SE, 1x1 project, residual."""
 
-    def __init__(self, cin: int, k: int, exp: int, cout: int, se: bool, hs: bool,
-                 stride: int) -> None:
+    def __init__(
+        self, cin: int, k: int, exp: int, cout: int, se: bool, hs: bool, stride: int
+    ) -> None:
         super().__init__()
         act = nn.Hardswish if hs else nn.ReLU
         layers: list[nn.Module] = []
@@ -154,11 +162,16 @@ class MobileNetV3Small(nn.Module):
 
     # in, kernel, expanded, out, SE, hardswish, stride
     SETTINGS = [
-        (16, 3, 16, 16, True, False, 2), (16, 3, 72, 24, False, False, 2),
-        (24, 3, 88, 24, False, False, 1), (24, 5, 96, 40, True, True, 2),
-        (40, 5, 240, 40, True, True, 1), (40, 5, 240, 40, True, True, 1),
-        (40, 5, 120, 48, True, True, 1), (48, 5, 144, 48, True, True, 1),
-        (48, 5, 288, 96, True, True, 2), (96, 5, 576, 96, True, True, 1),
+        (16, 3, 16, 16, True, False, 2),
+        (16, 3, 72, 24, False, False, 2),
+        (24, 3, 88, 24, False, False, 1),
+        (24, 5, 96, 40, True, True, 2),
+        (40, 5, 240, 40, True, True, 1),
+        (40, 5, 240, 40, True, True, 1),
+        (40, 5, 120, 48, True, True, 1),
+        (48, 5, 144, 48, True, True, 1),
+        (48, 5, 288, 96, True, True, 2),
+        (96, 5, 576, 96, True, True, 1),
         (96, 5, 576, 96, True, True, 1),
     ]
 
@@ -169,8 +182,9 @@ class MobileNetV3Small(nn.Module):
         layers.append(_conv_bn(96, 576, 1, act=nn.Hardswish, eps=1e-3))
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.classifier = nn.Sequential(nn.Linear(576, 1024), nn.Hardswish(), nn.Dropout(0.2),
-                                        nn.Linear(1024, num_classes))
+        self.classifier = nn.Sequential(
+            nn.Linear(576, 1024), nn.Hardswish(), nn.Dropout(0.2), nn.Linear(1024, num_classes)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.avgpool(self.features(x))
@@ -202,14 +216,17 @@ class ShuffleBlock(nn.Module):
         self.stride = stride
         half = cout // 2
         if stride > 1:
-            self.branch1 = nn.Sequential(_conv_bn(cin, cin, 3, stride, groups=cin, act=None),
-                                         _conv_bn(cin, half, 1))
+            self.branch1 = nn.Sequential(
+                _conv_bn(cin, cin, 3, stride, groups=cin, act=None), _conv_bn(cin, half, 1)
+            )
         else:
             self.branch1 = nn.Sequential()
         b2_in = cin if stride > 1 else half
-        self.branch2 = nn.Sequential(_conv_bn(b2_in, half, 1),
-                                     _conv_bn(half, half, 3, stride, groups=half, act=None),
-                                     _conv_bn(half, half, 1))
+        self.branch2 = nn.Sequential(
+            _conv_bn(b2_in, half, 1),
+            _conv_bn(half, half, 3, stride, groups=half, act=None),
+            _conv_bn(half, half, 1),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.stride == 1:
@@ -223,17 +240,21 @@ class ShuffleBlock(nn.Module):
 class ShuffleNetV2(nn.Module):
     """torchvision ``shufflenet_v2_x1_0`` (repeats 4/8/4, channels 24/116/232/464/1024)."""
 
-    def __init__(self, repeats: Sequence[int] = (4, 8, 4),
-                 channels: Sequence[int] = (24, 116, 232, 464, 1024),
-                 num_classes: int = 1000) -> None:
+    def __init__(
+        self,
+        repeats: Sequence[int] = (4, 8, 4),
+        channels: Sequence[int] = (24, 116, 232, 464, 1024),
+        num_classes: int = 1000,
+    ) -> None:
         super().__init__()
         self.conv1 = _conv_bn(3, channels[0], 3, 2)
         self.maxpool = nn.MaxPool2d(3, 2, 1)
         stages: list[nn.Module] = []
         cin = channels[0]
         for n, cout in zip(repeats, channels[1:4], strict=True):
-            blocks = [ShuffleBlock(cin, cout, 2)] + [ShuffleBlock(cout, cout, 1)
-                                                     for _ in range(n - 1)]
+            blocks = [ShuffleBlock(cin, cout, 2)] + [
+                ShuffleBlock(cout, cout, 1) for _ in range(n - 1)
+            ]
             stages.append(nn.Sequential(*blocks))
             cin = cout
         self.stage2, self.stage3, self.stage4 = stages
@@ -276,15 +297,22 @@ class SqueezeNet11(nn.Module):
         super().__init__()
         pool = lambda: nn.MaxPool2d(3, 2, ceil_mode=True)  # noqa: E731
         self.features = nn.Sequential(
-            nn.Conv2d(3, 64, 3, 2), nn.ReLU(), pool(),
-            Fire(64, 16, 64, 64), Fire(128, 16, 64, 64), pool(),
-            Fire(128, 32, 128, 128), Fire(256, 32, 128, 128), pool(),
-            Fire(256, 48, 192, 192), Fire(384, 48, 192, 192),
-            Fire(384, 64, 256, 256), Fire(512, 64, 256, 256),
+            nn.Conv2d(3, 64, 3, 2),
+            nn.ReLU(),
+            pool(),
+            Fire(64, 16, 64, 64),
+            Fire(128, 16, 64, 64),
+            pool(),
+            Fire(128, 32, 128, 128),
+            Fire(256, 32, 128, 128),
+            pool(),
+            Fire(256, 48, 192, 192),
+            Fire(384, 48, 192, 192),
+            Fire(384, 64, 256, 256),
+            Fire(512, 64, 256, 256),
         )
         final = nn.Conv2d(512, num_classes, 1)
-        self.classifier = nn.Sequential(nn.Dropout(0.5), final, nn.ReLU(),
-                                        nn.AdaptiveAvgPool2d(1))
+        self.classifier = nn.Sequential(nn.Dropout(0.5), final, nn.ReLU(), nn.AdaptiveAvgPool2d(1))
         # No BatchNorm to calibrate: He init keeps ReLU activations O(1) through the depth.
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
@@ -325,8 +353,9 @@ class DenseBlock(nn.ModuleDict):
     """torchvision ``_DenseBlock``: each layer reads the concatenation of all before it."""
 
     def __init__(self, n: int, cin: int, growth: int, bn_size: int) -> None:
-        super().__init__({f"denselayer{i + 1}": DenseLayer(cin + i * growth, growth, bn_size)
-                          for i in range(n)})
+        super().__init__(
+            {f"denselayer{i + 1}": DenseLayer(cin + i * growth, growth, bn_size) for i in range(n)}
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         features = [x]
@@ -339,20 +368,30 @@ class Transition(nn.Sequential):
     """torchvision ``_Transition``: BN-ReLU-1x1 conv (halve channels), 2x2 average pool."""
 
     def __init__(self, cin: int, cout: int) -> None:
-        super().__init__(nn.BatchNorm2d(cin), nn.ReLU(), nn.Conv2d(cin, cout, 1, bias=False),
-                         nn.AvgPool2d(2, 2))
+        super().__init__(
+            nn.BatchNorm2d(cin), nn.ReLU(), nn.Conv2d(cin, cout, 1, bias=False), nn.AvgPool2d(2, 2)
+        )
 
 
 class DenseNet(nn.Module):
     """torchvision ``DenseNet`` (7x7 stem, max pool, dense blocks and transitions, BN-ReLU,
     global pool, linear), scaled down: growth 16, blocks 2/4/6/4, 32 stem channels."""
 
-    def __init__(self, growth: int = 16, blocks: Sequence[int] = (2, 4, 6, 4),
-                 init_features: int = 32, bn_size: int = 4, num_classes: int = 1000) -> None:
+    def __init__(
+        self,
+        growth: int = 16,
+        blocks: Sequence[int] = (2, 4, 6, 4),
+        init_features: int = 32,
+        bn_size: int = 4,
+        num_classes: int = 1000,
+    ) -> None:
         super().__init__()
         layers: list[nn.Module] = [
-            nn.Conv2d(3, init_features, 7, 2, 3, bias=False), nn.BatchNorm2d(init_features),
-            nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+            nn.Conv2d(3, init_features, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(init_features),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2, 1),
+        ]
         c = init_features
         for i, n in enumerate(blocks):
             layers.append(DenseBlock(n, c, growth, bn_size))
@@ -458,8 +497,7 @@ class _EncoderHidden(nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                          return_dict=False)[0]
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
 
 
 class _DecoderHidden(nn.Module):
@@ -493,8 +531,14 @@ def _distilbert() -> tuple[nn.Module, tuple]:
     from transformers import DistilBertConfig, DistilBertModel
 
     torch.manual_seed(SEED)
-    cfg = DistilBertConfig(vocab_size=30522, dim=256, n_layers=2, n_heads=4, hidden_dim=1024,
-                           max_position_embeddings=512)
+    cfg = DistilBertConfig(
+        vocab_size=30522,
+        dim=256,
+        n_layers=2,
+        n_heads=4,
+        hidden_dim=1024,
+        max_position_embeddings=512,
+    )
     ids = _tokens(DISTILBERT_SEQ, cfg.vocab_size)
     inputs = (ids, torch.ones_like(ids))
     return _finish(_EncoderHidden(DistilBertModel(cfg)), inputs)
@@ -507,9 +551,17 @@ def _llama() -> tuple[nn.Module, tuple]:
     from transformers import LlamaConfig, LlamaModel
 
     torch.manual_seed(SEED)
-    cfg = LlamaConfig(vocab_size=32000, hidden_size=256, intermediate_size=688,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                      max_position_embeddings=512, rope_theta=10000.0, use_cache=False)
+    cfg = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        use_cache=False,
+    )
     return _finish(_DecoderHidden(LlamaModel(cfg)), (_tokens(LLAMA_SEQ, cfg.vocab_size),))
 
 
@@ -521,9 +573,15 @@ def _whisper_encoder() -> tuple[nn.Module, tuple]:
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
     torch.manual_seed(SEED)
-    cfg = WhisperConfig(d_model=256, encoder_layers=2, encoder_attention_heads=4,
-                        encoder_ffn_dim=1024, num_mel_bins=80,
-                        max_source_positions=WHISPER_FRAMES, attn_implementation="sdpa")
+    cfg = WhisperConfig(
+        d_model=256,
+        encoder_layers=2,
+        encoder_attention_heads=4,
+        encoder_ffn_dim=1024,
+        num_mel_bins=80,
+        max_source_positions=WHISPER_FRAMES,
+        attn_implementation="sdpa",
+    )
     g = torch.Generator().manual_seed(SEED)
     mel = torch.randn((1, cfg.num_mel_bins, 2 * WHISPER_FRAMES), generator=g)
     return _finish(_AudioHidden(WhisperEncoder(cfg)), (mel,))
@@ -535,11 +593,16 @@ def _efficientnet() -> tuple[nn.Module, tuple]:
     torch.manual_seed(SEED)
     # B0's stages with width 0.75 and depth 0.75 (the defaults are B7's 2.0 / 3.1 / 600 px);
     # hidden_dim must equal the rounded head width (1280 * 0.75), or the head BN mismatches.
-    cfg = EfficientNetConfig(width_coefficient=0.75, depth_coefficient=0.75, image_size=224,
-                             hidden_dim=960, dropout_rate=0.2, num_labels=1000)
+    cfg = EfficientNetConfig(
+        width_coefficient=0.75,
+        depth_coefficient=0.75,
+        image_size=224,
+        hidden_dim=960,
+        dropout_rate=0.2,
+        num_labels=1000,
+    )
     model = _ImageLogits(EfficientNetForImageClassification(cfg))
-    return _finish(_unit_batchnorms(_unit_linears(model)),
-                   _image(224))
+    return _finish(_unit_batchnorms(_unit_linears(model)), _image(224))
 
 
 def _mobilevit() -> tuple[nn.Module, tuple]:
@@ -547,12 +610,15 @@ def _mobilevit() -> tuple[nn.Module, tuple]:
 
     torch.manual_seed(SEED)
     # apple/mobilevit-xx-small's sizes.
-    cfg = MobileViTConfig(image_size=256, hidden_sizes=[64, 80, 96],
-                          neck_hidden_sizes=[16, 16, 24, 48, 64, 80, 320], expand_ratio=2.0,
-                          num_labels=1000)
+    cfg = MobileViTConfig(
+        image_size=256,
+        hidden_sizes=[64, 80, 96],
+        neck_hidden_sizes=[16, 16, 24, 48, 64, 80, 320],
+        expand_ratio=2.0,
+        num_labels=1000,
+    )
     model = _ImageLogits(MobileViTForImageClassification(cfg))
-    return _finish(_unit_batchnorms(_unit_linears(model)),
-                   _image(256))
+    return _finish(_unit_batchnorms(_unit_linears(model)), _image(256))
 
 
 PHI_SEQ = 128
@@ -562,9 +628,17 @@ def _phi() -> tuple[nn.Module, tuple]:
     from transformers import PhiConfig, PhiModel
 
     torch.manual_seed(SEED)
-    cfg = PhiConfig(vocab_size=32000, hidden_size=256, intermediate_size=1024,
-                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                    partial_rotary_factor=0.5, max_position_embeddings=512, use_cache=False)
+    cfg = PhiConfig(
+        vocab_size=32000,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        partial_rotary_factor=0.5,
+        max_position_embeddings=512,
+        use_cache=False,
+    )
     return _finish(_DecoderHidden(PhiModel(cfg)), (_tokens(PHI_SEQ, cfg.vocab_size),))
 
 
@@ -577,11 +651,19 @@ def _wav2vec2() -> tuple[nn.Module, tuple]:
     torch.manual_seed(SEED)
     # wav2vec2-base's feature extractor (7 convs, group norm on the first) at 128 channels,
     # its grouped positional conv, and 2 transformer layers of width 256.
-    cfg = Wav2Vec2Config(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=1024, conv_dim=(128,) * 7,
-                         num_conv_pos_embeddings=64, num_conv_pos_embedding_groups=16,
-                         feat_extract_norm="group", do_stable_layer_norm=False,
-                         mask_time_prob=0.0, attn_implementation="sdpa")
+    cfg = Wav2Vec2Config(
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        conv_dim=(128,) * 7,
+        num_conv_pos_embeddings=64,
+        num_conv_pos_embedding_groups=16,
+        feat_extract_norm="group",
+        do_stable_layer_norm=False,
+        mask_time_prob=0.0,
+        attn_implementation="sdpa",
+    )
     g = torch.Generator().manual_seed(SEED)
     wave = torch.randn((1, WAV2VEC2_SAMPLES), generator=g)
     return _finish(_AudioHidden(Wav2Vec2Model(cfg)), (wave,))
@@ -596,12 +678,22 @@ def _deberta() -> tuple[nn.Module, tuple]:
     torch.manual_seed(SEED)
     # deberta-v3-small's attention (relative positions, log buckets, shared keys, c2p+p2c)
     # at 2 layers of width 256.
-    cfg = DebertaV2Config(vocab_size=32000, hidden_size=256, num_hidden_layers=2,
-                          num_attention_heads=4, intermediate_size=1024,
-                          max_position_embeddings=512, relative_attention=True,
-                          position_buckets=256, max_relative_positions=-1,
-                          pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm",
-                          share_att_key=True, position_biased_input=False, type_vocab_size=0)
+    cfg = DebertaV2Config(
+        vocab_size=32000,
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=512,
+        relative_attention=True,
+        position_buckets=256,
+        max_relative_positions=-1,
+        pos_att_type=["p2c", "c2p"],
+        norm_rel_ebd="layer_norm",
+        share_att_key=True,
+        position_biased_input=False,
+        type_vocab_size=0,
+    )
     ids = _tokens(DEBERTA_SEQ, cfg.vocab_size)
     return _finish(_EncoderHidden(DebertaV2Model(cfg)), (ids, torch.ones_like(ids)))
 
@@ -631,21 +723,27 @@ class InceptionBlock(nn.Module):
     3x3 average pool->1x1 branches, concatenated on channels (torchvision's InceptionA
     layout with its 5x5 branch factorised, as in "Rethinking the Inception Architecture")."""
 
-    def __init__(self, cin: int, c1: int, c3_reduce: int, c3: int, c5_reduce: int, c5: int,
-                 pool: int) -> None:
+    def __init__(
+        self, cin: int, c1: int, c3_reduce: int, c3: int, c5_reduce: int, c5: int, pool: int
+    ) -> None:
         super().__init__()
         self.branch1x1 = BasicConv2d(cin, c1, 1)
-        self.branch3x3 = nn.Sequential(BasicConv2d(cin, c3_reduce, 1),
-                                       BasicConv2d(c3_reduce, c3, 3, padding=1))
-        self.branch3x3dbl = nn.Sequential(BasicConv2d(cin, c5_reduce, 1),
-                                          BasicConv2d(c5_reduce, c5, 3, padding=1),
-                                          BasicConv2d(c5, c5, 3, padding=1))
+        self.branch3x3 = nn.Sequential(
+            BasicConv2d(cin, c3_reduce, 1), BasicConv2d(c3_reduce, c3, 3, padding=1)
+        )
+        self.branch3x3dbl = nn.Sequential(
+            BasicConv2d(cin, c5_reduce, 1),
+            BasicConv2d(c5_reduce, c5, 3, padding=1),
+            BasicConv2d(c5, c5, 3, padding=1),
+        )
         self.branch_pool = BasicConv2d(cin, pool, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pooled = nn.functional.avg_pool2d(x, kernel_size=3, stride=1, padding=1)
-        return torch.cat([self.branch1x1(x), self.branch3x3(x), self.branch3x3dbl(x),
-                          self.branch_pool(pooled)], 1)
+        return torch.cat(
+            [self.branch1x1(x), self.branch3x3(x), self.branch3x3dbl(x), self.branch_pool(pooled)],
+            1,
+        )
 
 
 class InceptionReduction(nn.Module):
@@ -655,13 +753,21 @@ class InceptionReduction(nn.Module):
     def __init__(self, cin: int, c3: int, c5_reduce: int, c5: int) -> None:
         super().__init__()
         self.branch3x3 = BasicConv2d(cin, c3, 3, stride=2)
-        self.branch3x3dbl = nn.Sequential(BasicConv2d(cin, c5_reduce, 1),
-                                          BasicConv2d(c5_reduce, c5, 3, padding=1),
-                                          BasicConv2d(c5, c5, 3, stride=2))
+        self.branch3x3dbl = nn.Sequential(
+            BasicConv2d(cin, c5_reduce, 1),
+            BasicConv2d(c5_reduce, c5, 3, padding=1),
+            BasicConv2d(c5, c5, 3, stride=2),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.branch3x3(x), self.branch3x3dbl(x),
-                          nn.functional.max_pool2d(x, kernel_size=3, stride=2)], 1)
+        return torch.cat(
+            [
+                self.branch3x3(x),
+                self.branch3x3dbl(x),
+                nn.functional.max_pool2d(x, kernel_size=3, stride=2),
+            ],
+            1,
+        )
 
 
 class Inception(nn.Module):
@@ -671,15 +777,20 @@ class Inception(nn.Module):
     def __init__(self, num_classes: int = 1000) -> None:
         super().__init__()
         self.stem = nn.Sequential(
-            BasicConv2d(3, 24, 3, stride=2, padding=1), BasicConv2d(24, 32, 3, padding=1),
-            nn.MaxPool2d(3, 2, 1), BasicConv2d(32, 48, 1), BasicConv2d(48, 64, 3, padding=1),
-            nn.MaxPool2d(3, 2, 1))
+            BasicConv2d(3, 24, 3, stride=2, padding=1),
+            BasicConv2d(24, 32, 3, padding=1),
+            nn.MaxPool2d(3, 2, 1),
+            BasicConv2d(32, 48, 1),
+            BasicConv2d(48, 64, 3, padding=1),
+            nn.MaxPool2d(3, 2, 1),
+        )
         self.blocks = nn.Sequential(
-            InceptionBlock(64, 32, 32, 48, 16, 24, 24),        # -> 128 channels
-            InceptionBlock(128, 48, 48, 64, 24, 32, 32),       # -> 176
-            InceptionReduction(176, 128, 32, 48),              # -> 352, 13x13
-            InceptionBlock(352, 96, 64, 96, 32, 48, 48),       # -> 288
-            InceptionBlock(288, 96, 64, 128, 48, 64, 64))      # -> 352
+            InceptionBlock(64, 32, 32, 48, 16, 24, 24),  # -> 128 channels
+            InceptionBlock(128, 48, 48, 64, 24, 32, 32),  # -> 176
+            InceptionReduction(176, 128, 32, 48),  # -> 352, 13x13
+            InceptionBlock(352, 96, 64, 96, 32, 48, 48),  # -> 288
+            InceptionBlock(288, 96, 64, 128, 48, 64, 64),
+        )  # -> 352
         self.dropout = nn.Dropout(0.2)
         self.fc = nn.Linear(352, num_classes)
 
@@ -701,8 +812,11 @@ class BasicBlock(nn.Module):
         super().__init__()
         self.conv1 = _conv_bn(cin, cout, 3, stride)
         self.conv2 = _conv_bn(cout, cout, 3, act=None)
-        self.downsample = (_conv_bn(cin, cout, 1, stride, act=None)
-                           if stride != 1 or cin != cout else nn.Identity())
+        self.downsample = (
+            _conv_bn(cin, cout, 1, stride, act=None)
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.relu(self.conv2(self.conv1(x)) + self.downsample(x))
@@ -730,8 +844,12 @@ class PositionEmbeddingSine(nn.Module):
         dim_t = self.temperature ** (2 * (dim_t // 2) / self.num_pos_feats)
         pos_x = x_embed[:, :, :, None] / dim_t
         pos_y = y_embed[:, :, :, None] / dim_t
-        pos_x = torch.stack((pos_x[:, :, :, 0::2].sin(), pos_x[:, :, :, 1::2].cos()), dim=4).flatten(3)
-        pos_y = torch.stack((pos_y[:, :, :, 0::2].sin(), pos_y[:, :, :, 1::2].cos()), dim=4).flatten(3)
+        pos_x = torch.stack(
+            (pos_x[:, :, :, 0::2].sin(), pos_x[:, :, :, 1::2].cos()), dim=4
+        ).flatten(3)
+        pos_y = torch.stack(
+            (pos_y[:, :, :, 0::2].sin(), pos_y[:, :, :, 1::2].cos()), dim=4
+        ).flatten(3)
         return torch.cat((pos_y, pos_x), dim=3).permute(0, 3, 1, 2)
 
 
@@ -760,8 +878,14 @@ class DetrEncoder(nn.Module):
     projection, sine positions, post-norm encoder over the flattened h*w tokens. Returns
     the memory batch first, (batch, h*w, d_model)."""
 
-    def __init__(self, widths: Sequence[int] = (16, 32, 64), d_model: int = 128, nhead: int = 8,
-                 dim_feedforward: int = 512, layers: int = 2) -> None:
+    def __init__(
+        self,
+        widths: Sequence[int] = (16, 32, 64),
+        d_model: int = 128,
+        nhead: int = 8,
+        dim_feedforward: int = 512,
+        layers: int = 2,
+    ) -> None:
         super().__init__()
         stages: list[nn.Module] = [_conv_bn(3, widths[0], 7, 2), nn.MaxPool2d(3, 2, 1)]
         cin = widths[0]
@@ -771,8 +895,9 @@ class DetrEncoder(nn.Module):
         self.backbone = nn.Sequential(*stages)
         self.input_proj = nn.Conv2d(cin, d_model, 1)
         self.position_embedding = PositionEmbeddingSine(d_model // 2)
-        self.layers = nn.ModuleList(DetrEncoderLayer(d_model, nhead, dim_feedforward)
-                                    for _ in range(layers))
+        self.layers = nn.ModuleList(
+            DetrEncoderLayer(d_model, nhead, dim_feedforward) for _ in range(layers)
+        )
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         src = self.input_proj(self.backbone(pixel_values))
@@ -823,11 +948,19 @@ def _bert_layers(layers: int) -> Callable[[], tuple[nn.Module, tuple]]:
         from transformers import BertConfig, BertModel
 
         torch.manual_seed(SEED)
-        cfg = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=layers,
-                         num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512,
-                         attn_implementation="eager")
+        cfg = BertConfig(
+            vocab_size=30522,
+            hidden_size=768,
+            num_hidden_layers=layers,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            max_position_embeddings=512,
+            attn_implementation="eager",
+        )
         ids = _tokens(SCALE_SEQ, cfg.vocab_size)
-        return _finish(_EncoderHidden(BertModel(cfg, add_pooling_layer=False)), (ids, torch.ones_like(ids)))
+        return _finish(
+            _EncoderHidden(BertModel(cfg, add_pooling_layer=False)), (ids, torch.ones_like(ids))
+        )
 
     return build
 
@@ -839,10 +972,16 @@ class Bottleneck(nn.Module):
     def __init__(self, cin: int, width: int, stride: int = 1) -> None:
         super().__init__()
         cout = width * 4
-        self.body = nn.Sequential(_conv_bn(cin, width, 1), _conv_bn(width, width, 3, stride),
-                                  _conv_bn(width, cout, 1, act=None))
-        self.downsample = (_conv_bn(cin, cout, 1, stride, act=None)
-                           if stride != 1 or cin != cout else nn.Identity())
+        self.body = nn.Sequential(
+            _conv_bn(cin, width, 1),
+            _conv_bn(width, width, 3, stride),
+            _conv_bn(width, cout, 1, act=None),
+        )
+        self.downsample = (
+            _conv_bn(cin, cout, 1, stride, act=None)
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.relu(self.body(x) + self.downsample(x))
@@ -854,8 +993,12 @@ class ResNet50(nn.Module):
 
     def __init__(self, num_classes: int = 1000) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64),
-                                  nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, 2, 1),
+        )
         blocks, cin = [], 64
         for i, (width, depth) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
             for j in range(depth):
@@ -880,104 +1023,217 @@ def _efficientnet_b0() -> tuple[nn.Module, tuple]:
     from transformers import EfficientNetConfig, EfficientNetForImageClassification
 
     torch.manual_seed(SEED)
-    cfg = EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224,
-                             hidden_dim=1280, dropout_rate=0.2, num_labels=1000)
+    cfg = EfficientNetConfig(
+        width_coefficient=1.0,
+        depth_coefficient=1.0,
+        image_size=224,
+        hidden_dim=1280,
+        dropout_rate=0.2,
+        num_labels=1000,
+    )
     model = _ImageLogits(EfficientNetForImageClassification(cfg))
     return _finish(_unit_batchnorms(_unit_linears(model)), _image(224))
 
 
 # --------------------------------------------------------------------------- registry
 
-_CNN_IO = dict(input_names=("pixel_values",), output_names=("logits",),
-               dynamic={"pixel_values": {0: "batch"}, "logits": {0: "batch"}})
+_CNN_IO = dict(
+    input_names=("pixel_values",),
+    output_names=("logits",),
+    dynamic={"pixel_values": {0: "batch"}, "logits": {0: "batch"}},
+)
 _SEQ = {0: "batch", 1: "sequence"}
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in [
-    Architecture("mobilenet_v3_small", "cnn", _mobilenet_v3_small,
-                 "torchvision MobileNetV3-Small: hardswish/hardsigmoid, SE, depthwise convs",
-                 **_CNN_IO),
-    Architecture("shufflenet_v2", "cnn", _shufflenet_v2,
-                 "torchvision ShuffleNetV2 x1.0: channel split + view/transpose/view shuffle",
-                 **_CNN_IO),
-    Architecture("squeezenet1_1", "cnn", _squeezenet1_1,
-                 "torchvision SqueezeNet 1.1: fire modules, concat, ceil-mode pools, no BN",
-                 **_CNN_IO),
-    Architecture("convnext_atto", "cnn", _convnext_atto,
-                 "HF ConvNeXt atto (depths 2/2/6/2, widths 40/80/160/320): 7x7 dw, LN, GELU",
-                 **_CNN_IO),
-    Architecture("distilbert", "transformer", _distilbert,
-                 f"HF DistilBERT, 2 layers, hidden 256, 4 heads, seq {DISTILBERT_SEQ}, padding mask",
-                 input_names=("input_ids", "attention_mask"), output_names=("last_hidden_state",),
-                 dynamic={"input_ids": _SEQ, "attention_mask": _SEQ, "last_hidden_state": _SEQ}),
-    Architecture("llama", "transformer", _llama,
-                 f"HF Llama, 2 layers, hidden 256, 4 heads, RoPE, RMSNorm, SwiGLU, seq {LLAMA_SEQ}",
-                 input_names=("input_ids",), output_names=("last_hidden_state",),
-                 dynamic={"input_ids": _SEQ, "last_hidden_state": _SEQ}),
-    Architecture("densenet", "cnn", _densenet,
-                 "torchvision-style DenseNet, growth 16, blocks 2/4/6/4: concat of all earlier maps",
-                 **_CNN_IO),
-    Architecture("unet", "cnn", _unet,
-                 "small U-Net 16/32/64/128 at 128 px: max-pool downs, ConvTranspose ups, skip concats",
-                 input_names=("pixel_values",), output_names=("logits",),
-                 dynamic={"pixel_values": {0: "batch"}, "logits": {0: "batch"}}),
-    Architecture("efficientnet", "cnn", _efficientnet,
-                 "HF EfficientNet, B0 stages at width 0.75 / depth 0.75, 224 px: SiLU, SE, same-pads",
-                 **_CNN_IO),
-    Architecture("mobilevit", "cnn", _mobilevit,
-                 "HF MobileViT xx-small, 256 px: MobileNetV2 blocks + unfold/attention/fold",
-                 **_CNN_IO),
-    Architecture("whisper_encoder", "transformer", _whisper_encoder,
-                 f"HF WhisperEncoder, 2 layers, d 256, 4 heads, conv1d front end, "
-                 f"mel [1, 80, {2 * WHISPER_FRAMES}]",
-                 input_names=("input_features",), output_names=("last_hidden_state",),
-                 dynamic={"input_features": {0: "batch"}, "last_hidden_state": {0: "batch"}}),
-    Architecture("wav2vec2", "transformer", _wav2vec2,
-                 f"HF Wav2Vec2, 7-conv feature extractor (128 ch, group norm), grouped pos conv, "
-                 f"2 layers of 256, {WAV2VEC2_SAMPLES} samples",
-                 input_names=("input_values",), output_names=("last_hidden_state",),
-                 dynamic={"input_values": {0: "batch", 1: "samples"},
-                          "last_hidden_state": {0: "batch", 1: "frames"}}),
-    Architecture("phi", "transformer", _phi,
-                 f"HF Phi, 2 layers, hidden 256, 4 heads, partial RoPE, parallel MLP, seq {PHI_SEQ}",
-                 input_names=("input_ids",), output_names=("last_hidden_state",),
-                 dynamic={"input_ids": _SEQ, "last_hidden_state": _SEQ}),
-    Architecture("deberta", "transformer", _deberta,
-                 f"HF DeBERTa-v2, 2 layers, hidden 256, 4 heads, relative c2p/p2c attention, "
-                 f"seq {DEBERTA_SEQ}",
-                 input_names=("input_ids", "attention_mask"), output_names=("last_hidden_state",),
-                 dynamic={"input_ids": _SEQ, "attention_mask": _SEQ, "last_hidden_state": _SEQ}),
-    # The held-out set (HELD_OUT): benchmarked, never tuned on.
-    Architecture("inception", "cnn", _inception,
-                 "Inception-v2-style CNN, 224 px: 1x1 / 3x3 / double-3x3 / avg-pool branches "
-                 "concatenated, a 3-branch grid reduction",
-                 **_CNN_IO),
-    Architecture("detr_encoder", "transformer", _detr_encoder,
-                 f"DETR-like: small ResNet backbone (stride 16, {DETR_IMAGE} px), 2-D sine "
-                 "positions (cumsum) added to q/k, 2 post-norm encoder layers of 128, 8 heads, "
-                 "nn.MultiheadAttention over 256 tokens",
-                 input_names=("pixel_values",), output_names=("last_hidden_state",),
-                 dynamic={"pixel_values": {0: "batch"}, "last_hidden_state": {0: "batch"}}),
-    Architecture("bloom", "transformer", _bloom,
-                 f"HF Bloom, 2 layers, hidden 256, 4 heads, ALiBi biases (no position embeddings), "
-                 f"seq {BLOOM_SEQ}",
-                 input_names=("input_ids",), output_names=("last_hidden_state",),
-                 dynamic={"input_ids": _SEQ, "last_hidden_state": _SEQ}),
-]}
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a
+    for a in [
+        Architecture(
+            "mobilenet_v3_small",
+            "cnn",
+            _mobilenet_v3_small,
+            "torchvision MobileNetV3-Small: hardswish/hardsigmoid, SE, depthwise convs",
+            **_CNN_IO,
+        ),
+        Architecture(
+            "shufflenet_v2",
+            "cnn",
+            _shufflenet_v2,
+            "torchvision ShuffleNetV2 x1.0: channel split + view/transpose/view shuffle",
+            **_CNN_IO,
+        ),
+        Architecture(
+            "squeezenet1_1",
+            "cnn",
+            _squeezenet1_1,
+            "torchvision SqueezeNet 1.1: fire modules, concat, ceil-mode pools, no BN",
+            **_CNN_IO,
+        ),
+        Architecture(
+            "convnext_atto",
+            "cnn",
+            _convnext_atto,
+            "HF ConvNeXt atto (depths 2/2/6/2, widths 40/80/160/320): 7x7 dw, LN, GELU",
+            **_CNN_IO,
+        ),
+        Architecture(
+            "distilbert",
+            "transformer",
+            _distilbert,
+            f"HF DistilBERT, 2 layers, hidden 256, 4 heads, seq {DISTILBERT_SEQ}, padding mask",
+            input_names=("input_ids", "attention_mask"),
+            output_names=("last_hidden_state",),
+            dynamic={"input_ids": _SEQ, "attention_mask": _SEQ, "last_hidden_state": _SEQ},
+        ),
+        Architecture(
+            "llama",
+            "transformer",
+            _llama,
+            f"HF Llama, 2 layers, hidden 256, 4 heads, RoPE, RMSNorm, SwiGLU, seq {LLAMA_SEQ}",
+            input_names=("input_ids",),
+            output_names=("last_hidden_state",),
+            dynamic={"input_ids": _SEQ, "last_hidden_state": _SEQ},
+        ),
+        Architecture(
+            "densenet",
+            "cnn",
+            _densenet,
+            "torchvision-style DenseNet, growth 16, blocks 2/4/6/4: concat of all earlier maps",
+            **_CNN_IO,
+        ),
+        Architecture(
+            "unet",
+            "cnn",
+            _unet,
+            "small U-Net 16/32/64/128 at 128 px: max-pool downs, ConvTranspose ups, skip concats",
+            input_names=("pixel_values",),
+            output_names=("logits",),
+            dynamic={"pixel_values": {0: "batch"}, "logits": {0: "batch"}},
+        ),
+        Architecture(
+            "efficientnet",
+            "cnn",
+            _efficientnet,
+            "HF EfficientNet, B0 stages at width 0.75 / depth 0.75, 224 px: SiLU, SE, same-pads",
+            **_CNN_IO,
+        ),
+        Architecture(
+            "mobilevit",
+            "cnn",
+            _mobilevit,
+            "HF MobileViT xx-small, 256 px: MobileNetV2 blocks + unfold/attention/fold",
+            **_CNN_IO,
+        ),
+        Architecture(
+            "whisper_encoder",
+            "transformer",
+            _whisper_encoder,
+            f"HF WhisperEncoder, 2 layers, d 256, 4 heads, conv1d front end, "
+            f"mel [1, 80, {2 * WHISPER_FRAMES}]",
+            input_names=("input_features",),
+            output_names=("last_hidden_state",),
+            dynamic={"input_features": {0: "batch"}, "last_hidden_state": {0: "batch"}},
+        ),
+        Architecture(
+            "wav2vec2",
+            "transformer",
+            _wav2vec2,
+            f"HF Wav2Vec2, 7-conv feature extractor (128 ch, group norm), grouped pos conv, "
+            f"2 layers of 256, {WAV2VEC2_SAMPLES} samples",
+            input_names=("input_values",),
+            output_names=("last_hidden_state",),
+            dynamic={
+                "input_values": {0: "batch", 1: "samples"},
+                "last_hidden_state": {0: "batch", 1: "frames"},
+            },
+        ),
+        Architecture(
+            "phi",
+            "transformer",
+            _phi,
+            f"HF Phi, 2 layers, hidden 256, 4 heads, partial RoPE, parallel MLP, seq {PHI_SEQ}",
+            input_names=("input_ids",),
+            output_names=("last_hidden_state",),
+            dynamic={"input_ids": _SEQ, "last_hidden_state": _SEQ},
+        ),
+        Architecture(
+            "deberta",
+            "transformer",
+            _deberta,
+            f"HF DeBERTa-v2, 2 layers, hidden 256, 4 heads, relative c2p/p2c attention, "
+            f"seq {DEBERTA_SEQ}",
+            input_names=("input_ids", "attention_mask"),
+            output_names=("last_hidden_state",),
+            dynamic={"input_ids": _SEQ, "attention_mask": _SEQ, "last_hidden_state": _SEQ},
+        ),
+        # The held-out set (HELD_OUT): benchmarked, never tuned on.
+        Architecture(
+            "inception",
+            "cnn",
+            _inception,
+            "Inception-v2-style CNN, 224 px: 1x1 / 3x3 / double-3x3 / avg-pool branches "
+            "concatenated, a 3-branch grid reduction",
+            **_CNN_IO,
+        ),
+        Architecture(
+            "detr_encoder",
+            "transformer",
+            _detr_encoder,
+            f"DETR-like: small ResNet backbone (stride 16, {DETR_IMAGE} px), 2-D sine "
+            "positions (cumsum) added to q/k, 2 post-norm encoder layers of 128, 8 heads, "
+            "nn.MultiheadAttention over 256 tokens",
+            input_names=("pixel_values",),
+            output_names=("last_hidden_state",),
+            dynamic={"pixel_values": {0: "batch"}, "last_hidden_state": {0: "batch"}},
+        ),
+        Architecture(
+            "bloom",
+            "transformer",
+            _bloom,
+            f"HF Bloom, 2 layers, hidden 256, 4 heads, ALiBi biases (no position embeddings), "
+            f"seq {BLOOM_SEQ}",
+            input_names=("input_ids",),
+            output_names=("last_hidden_state",),
+            dynamic={"input_ids": _SEQ, "last_hidden_state": _SEQ},
+        ),
+    ]
+}
 
 # The scaling subjects (``bench_scale.py``): search cost against model size, not benchmarks.
-_BERT_IO = dict(input_names=("input_ids", "attention_mask"), output_names=("last_hidden_state",),
-                dynamic={"input_ids": _SEQ, "attention_mask": _SEQ, "last_hidden_state": _SEQ})
-SCALING: dict[str, Architecture] = {a.name: a for a in [
-    *(Architecture(f"bert_l{n}", "transformer", _bert_layers(n),
-                   f"HF BERT encoder, {n} layers, hidden 768, 12 heads, FFN 3072, seq {SCALE_SEQ}, "
-                   "padding mask, no pooler", **_BERT_IO) for n in SCALE_LAYERS),
-    Architecture("resnet50", "cnn", _resnet50,
-                 "torchvision ResNet-50 (v1.5), 224 px: bottlenecks 3/4/6/3, widths 64-512 (x4)",
-                 **_CNN_IO),
-    Architecture("efficientnet_b0", "cnn", _efficientnet_b0,
-                 "HF EfficientNet-B0, full size (width 1.0, depth 1.0, 224 px): SiLU, SE, same-pads",
-                 **_CNN_IO),
-]}
+_BERT_IO = dict(
+    input_names=("input_ids", "attention_mask"),
+    output_names=("last_hidden_state",),
+    dynamic={"input_ids": _SEQ, "attention_mask": _SEQ, "last_hidden_state": _SEQ},
+)
+SCALING: dict[str, Architecture] = {
+    a.name: a
+    for a in [
+        *(
+            Architecture(
+                f"bert_l{n}",
+                "transformer",
+                _bert_layers(n),
+                f"HF BERT encoder, {n} layers, hidden 768, 12 heads, FFN 3072, seq {SCALE_SEQ}, "
+                "padding mask, no pooler",
+                **_BERT_IO,
+            )
+            for n in SCALE_LAYERS
+        ),
+        Architecture(
+            "resnet50",
+            "cnn",
+            _resnet50,
+            "torchvision ResNet-50 (v1.5), 224 px: bottlenecks 3/4/6/3, widths 64-512 (x4)",
+            **_CNN_IO,
+        ),
+        Architecture(
+            "efficientnet_b0",
+            "cnn",
+            _efficientnet_b0,
+            "HF EfficientNet-B0, full size (width 1.0, depth 1.0, 224 px): SiLU, SE, same-pads",
+            **_CNN_IO,
+        ),
+    ]
+}
 ARCHITECTURES.update(SCALING)
 
 # Held out from every tuning decision: only `bench_vs_peers.py --held-out` runs them, reported
@@ -998,7 +1254,9 @@ def get(name_or_entry: str | Architecture) -> Architecture:
     try:
         return ARCHITECTURES[name_or_entry]
     except KeyError:
-        raise KeyError(f"unknown architecture {name_or_entry!r}; known: {list(ARCHITECTURES)}") from None
+        raise KeyError(
+            f"unknown architecture {name_or_entry!r}; known: {list(ARCHITECTURES)}"
+        ) from None
 
 
 # --------------------------------------------------------------------------- export
@@ -1021,9 +1279,15 @@ def traceable_causal_masks() -> Iterator[None]:
         yield
         return
 
-    def sdpa_mask(batch_size: int, cache_position: torch.Tensor, kv_length: int,
-                  kv_offset: int = 0, mask_function: Callable = mu.causal_mask_function,
-                  attention_mask: torch.Tensor | None = None, **_: object) -> torch.Tensor:
+    def sdpa_mask(
+        batch_size: int,
+        cache_position: torch.Tensor,
+        kv_length: int,
+        kv_offset: int = 0,
+        mask_function: Callable = mu.causal_mask_function,
+        attention_mask: torch.Tensor | None = None,
+        **_: object,
+    ) -> torch.Tensor:
         # The mask functions are element-wise in (batch, head, q, kv), so evaluating them on
         # broadcast index grids gives what the vmap over all four indices gives.
         padding = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset, _slice=False)
@@ -1052,10 +1316,15 @@ def traceable_causal_masks() -> Iterator[None]:
         mapping["sdpa"], mu.find_packed_sequence_indices = saved
 
 
-def export_module(module: nn.Module, inputs: tuple[torch.Tensor, ...],
-                  input_names: Sequence[str], output_names: Sequence[str],
-                  dynamic: dict[str, dict[int, str]] | None = None,
-                  exporter: Exporter = "legacy", opset: int | None = None) -> bytes:
+def export_module(
+    module: nn.Module,
+    inputs: tuple[torch.Tensor, ...],
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    dynamic: dict[str, dict[int, str]] | None = None,
+    exporter: Exporter = "legacy",
+    opset: int | None = None,
+) -> bytes:
     """Export like a user does: ``torch.onnx.export`` with the given axes dynamic.
 
     ``legacy`` is the TorchScript exporter (``dynamo=False``; deprecated but present in torch
@@ -1072,23 +1341,39 @@ def export_module(module: nn.Module, inputs: tuple[torch.Tensor, ...],
         if exporter == "legacy":
             buf = io.BytesIO()
             with traceable_causal_masks():
-                torch.onnx.export(module, inputs, buf, dynamo=False,
-                                  input_names=list(input_names),
-                                  output_names=list(output_names), opset_version=opset,
-                                  dynamic_axes=dynamic or None)
+                torch.onnx.export(
+                    module,
+                    inputs,
+                    buf,
+                    dynamo=False,
+                    input_names=list(input_names),
+                    output_names=list(output_names),
+                    opset_version=opset,
+                    dynamic_axes=dynamic or None,
+                )
             proto = onnx.load_from_string(buf.getvalue())
         elif exporter == "dynamo":
             # torch.export specialises a dynamic dim whose example size is 1 as soon as the
             # model branches on it (transformers does, e.g. `batch_size != position_ids.shape[0]`),
             # so trace with size 2 there, as the torch.export docs advise.
-            traced = tuple(_at_least_2(x, dynamic.get(n, {})) for n, x in
-                           zip(input_names, inputs, strict=True))
-            shapes = tuple({ax: torch.export.Dim.DYNAMIC for ax in dynamic.get(n, {})} or None
-                           for n in input_names)
-            prog = torch.onnx.export(module, traced, None, dynamo=True,
-                                     input_names=list(input_names),
-                                     output_names=list(output_names), opset_version=opset,
-                                     dynamic_shapes=shapes if dynamic else None, verbose=False)
+            traced = tuple(
+                _at_least_2(x, dynamic.get(n, {})) for n, x in zip(input_names, inputs, strict=True)
+            )
+            shapes = tuple(
+                {ax: torch.export.Dim.DYNAMIC for ax in dynamic.get(n, {})} or None
+                for n in input_names
+            )
+            prog = torch.onnx.export(
+                module,
+                traced,
+                None,
+                dynamo=True,
+                input_names=list(input_names),
+                output_names=list(output_names),
+                opset_version=opset,
+                dynamic_shapes=shapes if dynamic else None,
+                verbose=False,
+            )
             proto = prog.model_proto
         else:
             raise ValueError(f"exporter must be 'legacy' or 'dynamo', not {exporter!r}")
@@ -1105,8 +1390,12 @@ def _at_least_2(x: torch.Tensor, axes: dict[int, str]) -> torch.Tensor:
     return x
 
 
-def _name_dims(proto, inputs: tuple[torch.Tensor, ...], input_names: Sequence[str],
-               dynamic: dict[str, dict[int, str]]) -> None:
+def _name_dims(
+    proto,
+    inputs: tuple[torch.Tensor, ...],
+    input_names: Sequence[str],
+    dynamic: dict[str, dict[int, str]],
+) -> None:
     """Graph I/O: our symbolic names on dynamic axes, example sizes elsewhere; example shapes
     also go into metadata, since a loader cannot guess a sensible sequence length from "seq"."""
     for vi in [*proto.graph.input, *proto.graph.output]:
@@ -1121,14 +1410,25 @@ def _name_dims(proto, inputs: tuple[torch.Tensor, ...], input_names: Sequence[st
         entry.key, entry.value = key, value
 
 
-def export_onnx(name_or_entry: str | Architecture, path: str | Path | None = None,
-                exporter: Exporter = "legacy", opset: int | None = None,
-                dynamic: bool = True) -> bytes:
+def export_onnx(
+    name_or_entry: str | Architecture,
+    path: str | Path | None = None,
+    exporter: Exporter = "legacy",
+    opset: int | None = None,
+    dynamic: bool = True,
+) -> bytes:
     """Build a benchmark architecture and export it; also write it to ``path`` if given."""
     arch = get(name_or_entry)
     module, inputs = arch.build()
-    data = export_module(module, inputs, arch.input_names, arch.output_names,
-                         arch.dynamic if dynamic else None, exporter, opset)
+    data = export_module(
+        module,
+        inputs,
+        arch.input_names,
+        arch.output_names,
+        arch.dynamic if dynamic else None,
+        exporter,
+        opset,
+    )
     if path is not None:
         Path(path).write_bytes(data)
     return data
@@ -1157,8 +1457,9 @@ def ort_session(data: bytes, threads: int = 1):
     return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
 
 
-def check_against_torch(module: nn.Module, inputs: tuple[torch.Tensor, ...], data: bytes,
-                        input_names: Sequence[str]) -> tuple[float, float]:
+def check_against_torch(
+    module: nn.Module, inputs: tuple[torch.Tensor, ...], data: bytes, input_names: Sequence[str]
+) -> tuple[float, float]:
     """(max abs diff, max abs torch output) between onnxruntime and torch eager."""
     with torch.no_grad():
         ref = module(*inputs)
@@ -1168,8 +1469,9 @@ def check_against_torch(module: nn.Module, inputs: tuple[torch.Tensor, ...], dat
     return float(abs(out - ref_np).max()), float(abs(ref_np).max())
 
 
-def vary_dynamic(inputs: tuple[torch.Tensor, ...], input_names: Sequence[str],
-                 dynamic: dict[str, dict[int, str]]) -> tuple[torch.Tensor, ...]:
+def vary_dynamic(
+    inputs: tuple[torch.Tensor, ...], input_names: Sequence[str], dynamic: dict[str, dict[int, str]]
+) -> tuple[torch.Tensor, ...]:
     """Other sizes on the dynamic axes (batch 2, half the sequence), to show they really are
     dynamic in the file and not baked in by tracing."""
     out = []
@@ -1214,8 +1516,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in args.names:
         arch = get(name)
         module, inputs = arch.build()
-        data = export_module(module, inputs, arch.input_names, arch.output_names,
-                             None if args.static else arch.dynamic, args.exporter)
+        data = export_module(
+            module,
+            inputs,
+            arch.input_names,
+            arch.output_names,
+            None if args.static else arch.dynamic,
+            args.exporter,
+        )
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"{name}.onnx").write_bytes(data)
@@ -1230,10 +1538,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         feeds = {n: x.numpy() for n, x in zip(arch.input_names, inputs, strict=True)}
         ms = ort_latency_ms(data, feeds)
         hist = op_histogram(data)
-        shape_ops = {k: hist.get(k, 0) for k in ("Shape", "Gather", "Unsqueeze", "Concat",
-                                                 "Reshape")}
-        print(f"{name}: {'ok' if ok else 'MISMATCH'} max|diff|={diff:.2e} max|ref|={scale:.3g} "
-              f"ort1t={ms:.2f} ms nodes={sum(hist.values())} {len(data) / 1e6:.1f} MB")
+        shape_ops = {
+            k: hist.get(k, 0) for k in ("Shape", "Gather", "Unsqueeze", "Concat", "Reshape")
+        }
+        print(
+            f"{name}: {'ok' if ok else 'MISMATCH'} max|diff|={diff:.2e} max|ref|={scale:.3g} "
+            f"ort1t={ms:.2f} ms nodes={sum(hist.values())} {len(data) / 1e6:.1f} MB"
+        )
         print(f"  shape ops: {shape_ops}")
         print(f"  ops: {hist}")
     return 1 if bad else 0

@@ -32,38 +32,79 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.bench_vs_peers import EXPORTS, RESULTS, _export  # noqa: E402
 
-DEFAULT_MODELS = ["bert-small", "vit-small", "convnext-small", "gpt2-small", "distilbert", "whisper_encoder",
-                  "mobilevit", "deberta"]
+DEFAULT_MODELS = [
+    "bert-small",
+    "vit-small",
+    "convnext-small",
+    "gpt2-small",
+    "distilbert",
+    "whisper_encoder",
+    "mobilevit",
+    "deberta",
+]
 
 
 def tune_bf16(spec: str, flags: list[str], args, out: Path) -> dict:
     """One ``partune tune --precision bf16`` run, read back from its plan's notes."""
-    cmd = [sys.executable, "-m", "partune.cli", "--threads", str(args.threads), *flags, "tune", spec,
-           "--backends", args.backends, "--storage", args.storage, "--timeout", args.timeout,
-           "--refine-trials", "8",  # the default search's fixed work: the timeout only bounds it
-           "--precision", "bf16", "--tolerance", str(args.tolerance), "-o", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "partune.cli",
+        "--threads",
+        str(args.threads),
+        *flags,
+        "tune",
+        spec,
+        "--backends",
+        args.backends,
+        "--storage",
+        args.storage,
+        "--timeout",
+        args.timeout,
+        "--refine-trials",
+        "8",  # the default search's fixed work: the timeout only bounds it
+        "--precision",
+        "bf16",
+        "--tolerance",
+        str(args.tolerance),
+        "-o",
+        str(out),
+    ]
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    row: dict = {"model": Path(spec).stem if spec.endswith(".onnx") else spec, "wall_s": time.monotonic() - start,
-                 "date": time.strftime("%Y-%m-%d %H:%M")}
+    row: dict = {
+        "model": Path(spec).stem if spec.endswith(".onnx") else spec,
+        "wall_s": time.monotonic() - start,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
     if done.returncode != 0:
         row["error"] = (done.stderr.strip().splitlines() or ["?"])[-1][:200]
         return row
     plan = json.loads(out.read_text())
     notes = plan["notes"]
-    verdict, errors, peers = notes.get("verdict_median_s", {}), notes.get("rel_errors", {}), notes.get("peers", [])
+    verdict, errors, peers = (
+        notes.get("verdict_median_s", {}),
+        notes.get("rel_errors", {}),
+        notes.get("peers", []),
+    )
     plans = [label for label in verdict if label not in peers]
     f32_plans = [label for label in plans if label not in errors]
     costs = [(r.get("cost_s") or 0.0, r["scope"].get("precision")) for r in plan["regions"]]
     total = sum(c for c, _ in costs)
     stats = re.search(r"search ([\d.]+) s; candidates (\d+); measurements made (\d+)", done.stdout)
-    row |= {"chosen_as": notes["chosen_as"], "verdict": verdict, "rel_errors": errors, "peers": peers,
-            "plan_error": notes.get("rel_error"), "best_peer": notes.get("best_peer"),
-            "speedup": notes.get("speedup_vs_best_peer"),
-            "f32_plan": min(f32_plans, key=verdict.get) if f32_plans else None,
-            "bf16_share": sum(c for c, p in costs if p == "bf16") / total if total else 0.0,
-            "search_s": float(stats.group(1)) if stats else None,
-            "measurements": int(stats.group(3)) if stats else None}
+    row |= {
+        "chosen_as": notes["chosen_as"],
+        "verdict": verdict,
+        "rel_errors": errors,
+        "peers": peers,
+        "plan_error": notes.get("rel_error"),
+        "best_peer": notes.get("best_peer"),
+        "speedup": notes.get("speedup_vs_best_peer"),
+        "f32_plan": min(f32_plans, key=verdict.get) if f32_plans else None,
+        "bf16_share": sum(c for c, p in costs if p == "bf16") / total if total else 0.0,
+        "search_s": float(stats.group(1)) if stats else None,
+        "measurements": int(stats.group(3)) if stats else None,
+    }
     folder = Path(args.out).with_suffix("")  # bf16/ at one thread, bf16_all_cores/ at more
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{row['model']}.txt").write_text(done.stdout)
@@ -85,8 +126,21 @@ def _bf16_peer_cell(r: dict, prefix: str, tolerance: float) -> str:
 
 
 def table(rows: list[dict], tolerance: float) -> str:
-    head = ["model", "emitted plan", "plan ms", "plan error", "time in bf16", "f32 plan ms", "x f32 plan",
-            "openvino bf16 ms (error)", "torch.compile bf16 ms (error)", "best f32 peer ms", "x best allowed peer", "search s", "measurements"]
+    head = [
+        "model",
+        "emitted plan",
+        "plan ms",
+        "plan error",
+        "time in bf16",
+        "f32 plan ms",
+        "x f32 plan",
+        "openvino bf16 ms (error)",
+        "torch.compile bf16 ms (error)",
+        "best f32 peer ms",
+        "x best allowed peer",
+        "search s",
+        "measurements",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         if "error" in r:
@@ -95,33 +149,61 @@ def table(rows: list[dict], tolerance: float) -> str:
         v, errors = r["verdict"], r["rel_errors"]
         plan_s = v.get(r["chosen_as"])
         f32_s = v.get(r["f32_plan"]) if r["f32_plan"] else None
-        bf16_cells = [_bf16_peer_cell(r, prefix, tolerance) for prefix in ("openvino bf16", "torch.compile bf16")]
+        bf16_cells = [
+            _bf16_peer_cell(r, prefix, tolerance)
+            for prefix in ("openvino bf16", "torch.compile bf16")
+        ]
         f32_peers = [v[p] for p in r["peers"] if p in v and p not in errors]
-        lines.append("| " + " | ".join([
-            r["model"], r["chosen_as"], _ms(plan_s),
-            f"{r['plan_error']:.1e}" if r.get("plan_error") is not None else "f32",
-            f"{r['bf16_share']:.0%}", _ms(f32_s), f"{f32_s / plan_s:.2f}x" if f32_s and plan_s else "-", *bf16_cells,
-            _ms(min(f32_peers)) if f32_peers else "-",
-            f"**{r['speedup']:.2f}x**" if r.get("speedup") else "-",
-            f"{r['search_s']:.0f}" if r.get("search_s") else "-", str(r.get("measurements", "-"))]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["model"],
+                    r["chosen_as"],
+                    _ms(plan_s),
+                    f"{r['plan_error']:.1e}" if r.get("plan_error") is not None else "f32",
+                    f"{r['bf16_share']:.0%}",
+                    _ms(f32_s),
+                    f"{f32_s / plan_s:.2f}x" if f32_s and plan_s else "-",
+                    *bf16_cells,
+                    _ms(min(f32_peers)) if f32_peers else "-",
+                    f"**{r['speedup']:.2f}x**" if r.get("speedup") else "-",
+                    f"{r['search_s']:.0f}" if r.get("search_s") else "-",
+                    str(r.get("measurements", "-")),
+                ]
+            )
+            + " |"
+        )
     ok = [r["speedup"] for r in rows if r.get("speedup")]
     if ok:
         geo = math.exp(sum(math.log(x) for x in ok) / len(ok))
-        lines += ["", f"geomean vs the fastest peer the budget allows, over {len(ok)} models: **{geo:.2f}x**; "
-                      f"slowest {min(ok):.2f}x, fastest {max(ok):.2f}x"]
+        lines += [
+            "",
+            f"geomean vs the fastest peer the budget allows, over {len(ok)} models: **{geo:.2f}x**; "
+            f"slowest {min(ok):.2f}x, fastest {max(ok):.2f}x",
+        ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("models", nargs="*", help=f"zoo names or architectures (default: {' '.join(DEFAULT_MODELS)})")
+    p.add_argument(
+        "models",
+        nargs="*",
+        help=f"zoo names or architectures (default: {' '.join(DEFAULT_MODELS)})",
+    )
     p.add_argument("--backends", default="tvm,torch,onnxruntime,openvino")
     p.add_argument("--tolerance", type=float, default=1e-2)
-    p.add_argument("--storage", help="measurement store (default: results/measurements.db, shared with the f32 "
-                                     "benchmark: f32 candidates are not measured twice)")
+    p.add_argument(
+        "--storage",
+        help="measurement store (default: results/measurements.db, shared with the f32 "
+        "benchmark: f32 candidates are not measured twice)",
+    )
     p.add_argument("--timeout", default="15m", help="per-model limit on measuring candidates")
     p.add_argument("--threads", default="1", help="threads for every contender: N, or 'all'")
-    p.add_argument("--out", help="report (default: results/bf16.md; at more threads bf16_all_cores.md)")
+    p.add_argument(
+        "--out", help="report (default: results/bf16.md; at more threads bf16_all_cores.md)"
+    )
     p.add_argument("--exporter", choices=("legacy", "dynamo"), default="legacy")
     args = p.parse_args(argv)
     args.threads = os.cpu_count() or 1 if args.threads == "all" else int(args.threads)
@@ -148,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                 "finalist). openvino bf16: OpenVINO on the model's file with bf16 inference precision (its "
                 "default on CPUs with bf16); torch.compile bf16: the torch module (zoo models) under bf16 "
                 "autocast; each with its error; over the budget a peer is no bar. x best allowed "
-                "peer: against the fastest of the f32 peers and the bf16 peers within budget.\n\n" + text + "\n")
+                "peer: against the fastest of the f32 peers and the bf16 peers within budget.\n\n"
+                + text
+                + "\n"
+            )
     return 0
 
 

@@ -29,9 +29,13 @@ from experiments.bench_vs_peers import EXPORTS, ZOO, _export  # noqa: E402
 
 def _partune(*args: str) -> tuple[str, float]:
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "partune.cli", *args], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "partune.cli", *args], cwd=ROOT, capture_output=True, text=True
+    )
     if done.returncode != 0:
-        raise SystemExit(f"partune {' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:]}")
+        raise SystemExit(
+            f"partune {' '.join(args)} failed: {done.stderr.strip().splitlines()[-1:]}"
+        )
     return done.stdout, time.monotonic() - start
 
 
@@ -39,7 +43,9 @@ def _made(out: str) -> int:
     return int(re.search(r"measurements made (\d+)", out).group(1))
 
 
-def time_plans(spec: str, flags: list[str], plans: dict[str, Path], threads: int = 1, rounds: int = 21) -> dict[str, float]:
+def time_plans(
+    spec: str, flags: list[str], plans: dict[str, Path], threads: int = 1, rounds: int = 21
+) -> dict[str, float]:
     """Median latency of each emitted plan (partitioned, or the model's own file under a
     library), timed in this process in interleaved rounds. Plans that are the same plan are
     timed once (a budget or a search that emitted the same plan gets the same time)."""
@@ -59,8 +65,11 @@ def time_plans(spec: str, flags: list[str], plans: dict[str, Path], threads: int
             same[label] = key
             continue
         same[label] = key
-        built = (build_model_file(plan, model_onnx(model), model.inputs, threads) if plan.model_file is not None
-                 else build_plan(plan, model.mod, model.graph))
+        built = (
+            build_model_file(plan, model_onnx(model), model.inputs, threads)
+            if plan.model_file is not None
+            else build_plan(plan, model.mod, model.graph)
+        )
         fns[label] = built.prepare(model.inputs)
     medians = {label: m.median_s for label, m in time_interleaved(fns, rounds=rounds).items()}
     first = {key: label for label, key in reversed(same.items())}
@@ -92,15 +101,55 @@ def _held_out(name: str, trained_on: dict[str, str], store: str) -> tuple:
         t = Path(tmp)
         spec, flags = _export(name, t) if name in EXPORTS else (name, [])
         others = ",".join(f for m, f in trained_on.items() if m != name)
-        _partune("costmodel", "eval", "--storage", store, "--models", others, "--save", str(t / "cm.json"))
+        _partune(
+            "costmodel",
+            "eval",
+            "--storage",
+            store,
+            "--models",
+            others,
+            "--save",
+            str(t / "cm.json"),
+        )
         common = ["--peers", "none", "--refine-trials", "0"]
-        full, full_s = _partune(*flags, "tune", spec, "--storage", f"sqlite:///{t / 'a.db'}", "-o",
-                                str(t / "full.json"), "--cost-model", "off", *common)
-        pruned, pruned_s = _partune(*flags, "tune", spec, "--storage", f"sqlite:///{t / 'b.db'}", "-o",
-                                    str(t / "pruned.json"), "--cost-model", str(t / "cm.json"), *common)
-        lat = time_plans(spec, flags, {"full": t / "full.json", "pruned": t / "pruned.json"}, rounds=9)
+        full, full_s = _partune(
+            *flags,
+            "tune",
+            spec,
+            "--storage",
+            f"sqlite:///{t / 'a.db'}",
+            "-o",
+            str(t / "full.json"),
+            "--cost-model",
+            "off",
+            *common,
+        )
+        pruned, pruned_s = _partune(
+            *flags,
+            "tune",
+            spec,
+            "--storage",
+            f"sqlite:///{t / 'b.db'}",
+            "-o",
+            str(t / "pruned.json"),
+            "--cost-model",
+            str(t / "cm.json"),
+            *common,
+        )
+        lat = time_plans(
+            spec, flags, {"full": t / "full.json", "pruned": t / "pruned.json"}, rounds=9
+        )
         notes = json.loads((t / "pruned.json").read_text())["notes"]
-        return (name, _made(full), full_s, _made(pruned), pruned_s, lat["full"], lat["pruned"], notes["chosen_as"])
+        return (
+            name,
+            _made(full),
+            full_s,
+            _made(pruned),
+            pruned_s,
+            lat["full"],
+            lat["pruned"],
+            notes["chosen_as"],
+        )
 
 
 def main() -> int:
@@ -114,18 +163,27 @@ def main() -> int:
         trained_on = _training_models(Path(shared))
         for name in args.held_out:
             rows.append(_held_out(name, trained_on, args.store))
-    lines = ["| held-out model | measurements (all) | search s | measurements (cost model) | search s | "
-             "fewer | plan ms (all) | plan ms (cost model) | ratio |", "|" + "---|" * 9]
+    lines = [
+        "| held-out model | measurements (all) | search s | measurements (cost model) | search s | "
+        "fewer | plan ms (all) | plan ms (cost model) | ratio |",
+        "|" + "---|" * 9,
+    ]
     for name, fm, fs, pm, ps, fl, pl, _ in rows:
-        lines.append(f"| {name} | {fm} | {fs:.0f} | {pm} | {ps:.0f} | **{fm / pm:.1f}x** | {fl * 1e3:.3f} | "
-                     f"{pl * 1e3:.3f} | {pl / fl:.3f} |")
+        lines.append(
+            f"| {name} | {fm} | {fs:.0f} | {pm} | {ps:.0f} | **{fm / pm:.1f}x** | {fl * 1e3:.3f} | "
+            f"{pl * 1e3:.3f} | {pl / fl:.3f} |"
+        )
     text = "\n".join(lines)
     print(text)
     out = ROOT / "experiments" / "results" / args.out
-    out.write_text("# Searching with the cost model (held-out model, fresh stores)\n\n"
-                   "Cost model trained on the other benchmark models' measurements in the benchmark store; "
-                   "both searches with --peers none --refine-trials 0; the plans timed against each other "
-                   "in one process, interleaved (medians). ratio = cost-model plan / full plan.\n\n" + text + "\n")
+    out.write_text(
+        "# Searching with the cost model (held-out model, fresh stores)\n\n"
+        "Cost model trained on the other benchmark models' measurements in the benchmark store; "
+        "both searches with --peers none --refine-trials 0; the plans timed against each other "
+        "in one process, interleaved (medians). ratio = cost-model plan / full plan.\n\n"
+        + text
+        + "\n"
+    )
     return 0
 
 

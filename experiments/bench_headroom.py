@@ -74,12 +74,17 @@ def report(rows: list, threads: int) -> str:
         rest = "-" if math.isnan(h.rest_free) else f"{h.rest_free:.2f}x"
         gemm = "-" if math.isnan(h.openvino_gemm_s) else f"{h.openvino_gemm_s * 1e3:.3f}"
         plan = f"{ratios[h.model]:.2f}x" if h.model in ratios else "-"
-        lines.append(f"| {h.model} | {h.bar} | {h.libraries_s[h.bar] * 1e3:.3f} | {h.gflop:.2f} | "
-                     f"{h.peak_gflops:.0f} | {h.floor_s * 1e3:.3f} | {gemm} | {h.ceiling:.2f}x | {rest} | "
-                     f"**{h.bound:.2f}x** | {plan} |")
+        lines.append(
+            f"| {h.model} | {h.bar} | {h.libraries_s[h.bar] * 1e3:.3f} | {h.gflop:.2f} | "
+            f"{h.peak_gflops:.0f} | {h.floor_s * 1e3:.3f} | {gemm} | {h.ceiling:.2f}x | {rest} | "
+            f"**{h.bound:.2f}x** | {plan} |"
+        )
     geo = math.exp(sum(math.log(h.bound) for h in rows) / len(rows))
-    lines += ["", f"geomean of the bound over {len(rows)} models: **{geo:.2f}x**; "
-              f"under 1.10x on {sum(h.bound < 1.10 for h in rows)} of them"]
+    lines += [
+        "",
+        f"geomean of the bound over {len(rows)} models: **{geo:.2f}x**; "
+        f"under 1.10x on {sum(h.bound < 1.10 for h in rows)} of them",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -88,7 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     from partune.headroom import describe
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", help="architectures (default: every export, held-out ones too)")
+    parser.add_argument(
+        "models", nargs="*", help="architectures (default: every export, held-out ones too)"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(RESULTS / "headroom.md"))
     args = parser.parse_args(argv)

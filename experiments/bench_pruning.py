@@ -50,8 +50,11 @@ def bench(name: str, args, folder: Path) -> dict:
                 if STORE.with_suffix(suffix).exists():
                     shutil.copy(STORE.with_suffix(suffix), db.with_suffix(suffix))
         plans[search] = folder / f"{name}.{search}.plan.json"
-        row[search] = {k: v for k, v in _tune(path, flags, f"sqlite:///{db}", plans[search], args, extra).items()
-                       if k != "stdout_tail"}
+        row[search] = {
+            k: v
+            for k, v in _tune(path, flags, f"sqlite:///{db}", plans[search], args, extra).items()
+            if k != "stdout_tail"
+        }
         print(name, search, {k: v for k, v in row[search].items() if k != "command"}, flush=True)
     if all("error" not in row[s] for s in plans):
         row["median_s"] = time_plans(path, flags, plans)
@@ -59,21 +62,46 @@ def bench(name: str, args, folder: Path) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = ["model", "measurements (exhaustive)", "search min", "measurements (default)", "search min",
-            "fewer", "exhaustive plan ms", "default plan ms", "default / exhaustive"]
+    head = [
+        "model",
+        "measurements (exhaustive)",
+        "search min",
+        "measurements (default)",
+        "search min",
+        "fewer",
+        "exhaustive plan ms",
+        "default plan ms",
+        "default / exhaustive",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         full, pruned, med = r.get("exhaustive", {}), r.get("default", {}), r.get("median_s", {})
         if "error" in full or "error" in pruned:
-            lines.append(f"| {r['model']} | failed: {full.get('error') or pruned.get('error')} |" + " |" * (len(head) - 2))
+            lines.append(
+                f"| {r['model']} | failed: {full.get('error') or pruned.get('error')} |"
+                + " |" * (len(head) - 2)
+            )
             continue
         ratio = med["default"] / med["exhaustive"] if med else None
-        lines.append("| " + " | ".join([
-            r["model"], str(full.get("measured", "-")), f"{full['search_s'] / 60:.1f}",
-            str(pruned.get("measured", "-")), f"{pruned['search_s'] / 60:.1f}",
-            f"{full['measured'] / max(pruned['measured'], 1):.1f}x",
-            f"{med['exhaustive'] * 1e3:.3f}" if med else "-", f"{med['default'] * 1e3:.3f}" if med else "-",
-            (f"**{ratio:.3f}**" + ("" if ratio <= WITHIN else " (over 2%)")) if ratio else "-"]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["model"],
+                    str(full.get("measured", "-")),
+                    f"{full['search_s'] / 60:.1f}",
+                    str(pruned.get("measured", "-")),
+                    f"{pruned['search_s'] / 60:.1f}",
+                    f"{full['measured'] / max(pruned['measured'], 1):.1f}x",
+                    f"{med['exhaustive'] * 1e3:.3f}" if med else "-",
+                    f"{med['default'] * 1e3:.3f}" if med else "-",
+                    (f"**{ratio:.3f}**" + ("" if ratio <= WITHIN else " (over 2%)"))
+                    if ratio
+                    else "-",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -91,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = {r["model"]: r for r in json.loads(raw.read_text())} if raw.exists() else {}
     for name in args.models:
         rows[name] = bench(name, args, folder)
-        ordered = sorted(rows.values(), key=lambda r: ORDER.index(r["model"]) if r["model"] in ORDER else 99)
+        ordered = sorted(
+            rows.values(), key=lambda r: ORDER.index(r["model"]) if r["model"] in ORDER else 99
+        )
         raw.write_text(json.dumps(ordered, indent=1))
         Path(args.out).write_text(HEADER + table(ordered) + "\n")
     return 0

@@ -45,10 +45,19 @@ def bench_one(spec: str, args) -> dict:
     store = MeasurementStore(args.storage, device_fingerprint(1))
     with LocalRunner(timeout_s=300.0) as runner:
         start = time.monotonic()
-        result = tune(model, args.backends.split(","), runner, store, peers=("onnxruntime",),
-                      refine_trials=args.n_trials, memory=args.memory)
+        result = tune(
+            model,
+            args.backends.split(","),
+            runner,
+            store,
+            peers=("onnxruntime",),
+            refine_trials=args.n_trials,
+            memory=args.memory,
+        )
         search_s = time.monotonic() - start
-        singles = {label: m for label, m in result.end_to_end.items() if label.endswith("-only") and m.ok}
+        singles = {
+            label: m for label, m in result.end_to_end.items() if label.endswith("-only") and m.ok
+        }
         best_single = min(singles, key=lambda label: singles[label].cost_s)
         plans = {"dp": result.plans[result.dp_label], best_single: result.plans[best_single]}
         if "partune refined" in result.plans:
@@ -56,40 +65,76 @@ def bench_one(spec: str, args) -> dict:
         specs = peer_specs(model, ("onnxruntime",))
         request = compare_request(tvm.ir.save_json(model.mod), plans, specs, model.inputs, ROUNDS)
         verdict = runner.compare(request, timeout_s=900.0)
-    row = {"model": spec, "search_s": search_s, "dp_label": result.dp_label, "best_single": best_single,
-           "refined": "refined" in plans, "trials": args.n_trials, "measured": result.counts.measured,
-           "median_ms": {k: m.median_s * 1e3 for k, m in verdict.items() if m.ok},
-           "peer": peer_label("onnxruntime", model), "emitted": result.plan.notes.get("chosen_as"),
-           "front": [{"ms": m.cost_s * 1e3, "mib": (m.peak_bytes or 0) / 2**20, "backends": list(p.backends)}
-                     for p, m in result.front]}
+    row = {
+        "model": spec,
+        "search_s": search_s,
+        "dp_label": result.dp_label,
+        "best_single": best_single,
+        "refined": "refined" in plans,
+        "trials": args.n_trials,
+        "measured": result.counts.measured,
+        "median_ms": {k: m.median_s * 1e3 for k, m in verdict.items() if m.ok},
+        "peer": peer_label("onnxruntime", model),
+        "emitted": result.plan.notes.get("chosen_as"),
+        "front": [
+            {"ms": m.cost_s * 1e3, "mib": (m.peak_bytes or 0) / 2**20, "backends": list(p.backends)}
+            for p, m in result.front
+        ],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "deploy"
         export(model, result.plan, out, 1)
-        run = subprocess.run([sys.executable, "-m", "partune.cli", "run", str(out)], cwd=ROOT,
-                             capture_output=True, text=True)
-        row["deployed"] = [ln for ln in run.stdout.splitlines() if ln.startswith(("latency", "max |err|"))]
+        run = subprocess.run(
+            [sys.executable, "-m", "partune.cli", "run", str(out)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        row["deployed"] = [
+            ln for ln in run.stdout.splitlines() if ln.startswith(("latency", "max |err|"))
+        ]
     return row
 
 
 def write(rows: list[dict]) -> None:
-    lines = ["# Refinement: refined plan vs DP plan vs best single backend (one process, interleaved)", "",
-             f"1 thread, batch 1; medians of {ROUNDS} interleaved rounds; TPE unless noted. "
-             "ratio = DP median / refined median (above 1: refinement helped).", "",
-             "| model | trials | DP plan ms | refined ms | best single (ms) | onnxruntime ms | DP / refined | "
-             "search s | deployed (fresh process) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Refinement: refined plan vs DP plan vs best single backend (one process, interleaved)",
+        "",
+        f"1 thread, batch 1; medians of {ROUNDS} interleaved rounds; TPE unless noted. "
+        "ratio = DP median / refined median (above 1: refinement helped).",
+        "",
+        "| model | trials | DP plan ms | refined ms | best single (ms) | onnxruntime ms | DP / refined | "
+        "search s | deployed (fresh process) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         ms = r["median_ms"]
-        dp, ref, single, peer = ms.get("dp"), ms.get("refined"), ms.get(r["best_single"]), ms.get(r["peer"])
+        dp, ref, single, peer = (
+            ms.get("dp"),
+            ms.get("refined"),
+            ms.get(r["best_single"]),
+            ms.get(r["peer"]),
+        )
         ratio = f"{dp / ref:.2f}x" if dp and ref else "1.00x (kept)"
         refined = f"{ref:.3f}" if ref else f"DP plan ({r['trials']} variants, none faster)"
         dep = "; ".join(r["deployed"])
-        lines.append(f"| {r['model']} | {r['trials']} | {dp:.3f} | {refined} | "
-                     f"{r['best_single']} ({single:.3f}) | {peer:.3f} | {ratio} | {r['search_s']:.0f} | {dep} |")
+        lines.append(
+            f"| {r['model']} | {r['trials']} | {dp:.3f} | {refined} | "
+            f"{r['best_single']} ({single:.3f}) | {peer:.3f} | {ratio} | {r['search_s']:.0f} | {dep} |"
+        )
     for r in rows:
         if r["front"]:
-            lines += ["", f"Pareto front for {r['model']} (latency vs peak memory, fresh process each):", "",
-                      "| ms | peak MiB | backends |", "|---|---|---|"]
-            lines += [f"| {f['ms']:.3f} | {f['mib']:.1f} | {'+'.join(f['backends'])} |" for f in r["front"]]
+            lines += [
+                "",
+                f"Pareto front for {r['model']} (latency vs peak memory, fresh process each):",
+                "",
+                "| ms | peak MiB | backends |",
+                "|---|---|---|",
+            ]
+            lines += [
+                f"| {f['ms']:.3f} | {f['mib']:.1f} | {'+'.join(f['backends'])} |"
+                for f in r["front"]
+            ]
     (RESULTS / "refine.md").write_text("\n".join(lines) + "\n")
     (RESULTS / "refine.json").write_text(json.dumps(rows, indent=1))
 

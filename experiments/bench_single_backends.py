@@ -18,7 +18,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DEFAULT_MODELS = ["resnet50-small", "mobilenet_v2-small", "convnext-small", "vit-small", "bert-small", "gpt2-small"]
+DEFAULT_MODELS = [
+    "resnet50-small",
+    "mobilenet_v2-small",
+    "convnext-small",
+    "vit-small",
+    "bert-small",
+    "gpt2-small",
+]
 
 
 def main() -> int:
@@ -36,14 +43,23 @@ def main() -> int:
 
     registry.set_threads(args.threads)
     cpu = platform.processor() or platform.machine()
-    report = [f"# Single-backend plans vs peers ({time.strftime('%Y-%m-%d')})", "",
-              f"CPU: {cpu}, {os.cpu_count()} cores, {args.threads} thread(s); batch 1; median of 7 samples.", ""]
+    report = [
+        f"# Single-backend plans vs peers ({time.strftime('%Y-%m-%d')})",
+        "",
+        f"CPU: {cpu}, {os.cpu_count()} cores, {args.threads} thread(s); batch 1; median of 7 samples.",
+        "",
+    ]
     for name in args.models:
         model = load(name)
         rows = bench(model, peers=args.peers.split(","), threads=args.threads, progress=True)
         table = format_table(rows)
         print(f"\n{name}\n{table}", flush=True)
-        report += [f"## {name} ({len(model.graph)} nodes, load {os.getloadavg()[0]:.2f})", "", table, ""]
+        report += [
+            f"## {name} ({len(model.graph)} nodes, load {os.getloadavg()[0]:.2f})",
+            "",
+            table,
+            "",
+        ]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(report))
     print(f"\nreport written to {args.out}")

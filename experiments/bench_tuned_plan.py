@@ -34,7 +34,9 @@ def main() -> int:
     p.add_argument("model", help="zoo name")
     p.add_argument("plan", help="a plan JSON with tvm-tuned regions")
     p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--tuning-database", required=True, help="the tvm-tuned records the plan was tuned into")
+    p.add_argument(
+        "--tuning-database", required=True, help="the tvm-tuned records the plan was tuned into"
+    )
     args = p.parse_args()
 
     from partune.backends import registry
@@ -50,15 +52,32 @@ def main() -> int:
     model = load(args.model)
     doc = json.loads(Path(args.plan).read_text())
     tuned = sum(r["scope"]["backend"] == "tvm-tuned" for r in doc["regions"])
-    plans = {"plan (tuned regions)": Plan.from_json(doc), "same plan, untuned TVM": Plan.from_json(untuned_twin(doc))}
-    fns = {label: build_plan(plan, model.mod, model.graph).prepare(model.inputs) for label, plan in plans.items()}
-    fns |= {label: make_peer(spec, model.inputs, 1) for label, spec in peer_specs(model, ("onnxruntime",)).items()}
+    plans = {
+        "plan (tuned regions)": Plan.from_json(doc),
+        "same plan, untuned TVM": Plan.from_json(untuned_twin(doc)),
+    }
+    fns = {
+        label: build_plan(plan, model.mod, model.graph).prepare(model.inputs)
+        for label, plan in plans.items()
+    }
+    fns |= {
+        label: make_peer(spec, model.inputs, 1)
+        for label, spec in peer_specs(model, ("onnxruntime",)).items()
+    }
     medians = {label: m.median_s for label, m in time_interleaved(fns, rounds=args.rounds).items()}
     base = medians["plan (tuned regions)"]
-    lines = [f"# {args.model}: the emitted plan's {tuned} tuned TVM regions against untuned TVM", "",
-             f"Plan `{args.plan}`; {args.rounds} interleaved rounds in one process, medians.", "",
-             "| contender | median ms | x the tuned plan |", "|---|---|---|"]
-    lines += [f"| {label} | {s * 1e3:.4f} | {s / base:.3f} |" for label, s in sorted(medians.items(), key=lambda kv: kv[1])]
+    lines = [
+        f"# {args.model}: the emitted plan's {tuned} tuned TVM regions against untuned TVM",
+        "",
+        f"Plan `{args.plan}`; {args.rounds} interleaved rounds in one process, medians.",
+        "",
+        "| contender | median ms | x the tuned plan |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {label} | {s * 1e3:.4f} | {s / base:.3f} |"
+        for label, s in sorted(medians.items(), key=lambda kv: kv[1])
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     (ROOT / "experiments" / "results" / "tuned_plan.md").write_text(text)

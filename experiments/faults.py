@@ -62,14 +62,40 @@ class StoreState:
 
 
 def tune_cmd(model: Path, url: str, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "partune.cli", "tune", str(model), "--backends", "tvm,onnxruntime",
-            "--peers", "none", "--refine-trials", "4", "--heartbeat", "2", "--storage", url,
-            "--study", "faults", "-o", str(out), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "partune.cli",
+        "tune",
+        str(model),
+        "--backends",
+        "tvm,onnxruntime",
+        "--peers",
+        "none",
+        "--refine-trials",
+        "4",
+        "--heartbeat",
+        "2",
+        "--storage",
+        url,
+        "--study",
+        "faults",
+        "-o",
+        str(out),
+        *extra,
+    ]
 
 
 def start(cmd: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, start_new_session=True, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=ENV,
+        start_new_session=True,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def run(cmd: list[str], timeout_s: float = 900) -> subprocess.CompletedProcess:
@@ -100,7 +126,9 @@ def store_state(url: str) -> StoreState:
             if t.state == optuna.trial.TrialState.FAIL:
                 failed.append(t.user_attrs.get("m", {}).get("error", "?"))
     with sa.create_engine(url).connect() as c:
-        in_progress = c.execute(sa.text("SELECT count(*) FROM partune_claims WHERE expires < 1e300")).scalar()
+        in_progress = c.execute(
+            sa.text("SELECT count(*) FROM partune_claims WHERE expires < 1e300")
+        ).scalar()
     return StoreState(regions, sum(n - 1 for n in counts.values()), running, in_progress, failed)
 
 
@@ -110,19 +138,33 @@ def settled(url: str, model: Path, tmp: Path, reference: StoreState) -> tuple[bo
     again = run(tune_cmd(model, url, tmp / "again.json"))
     state = store_state(url)
     lost = len(reference.regions - state.regions)
-    same = first.returncode == 0 and again.returncode == 0 and \
-        json.loads((tmp / "resumed.json").read_text())["regions"] == json.loads((tmp / "again.json").read_text())["regions"]
+    same = (
+        first.returncode == 0
+        and again.returncode == 0
+        and json.loads((tmp / "resumed.json").read_text())["regions"]
+        == json.loads((tmp / "again.json").read_text())["regions"]
+    )
     quiet = "measurements made 0 (0 failed)" in again.stdout
-    ok = same and quiet and lost == 0 and state.repeated == 0 and state.running == 0 and state.in_progress == 0
-    note = (f"resumed rc {first.returncode}; rerun measured nothing: {quiet}; same plan: {same}; "
-            f"RUNNING trials {state.running}; claims in progress {state.in_progress}; stored failures {len(state.failed)}")
+    ok = (
+        same
+        and quiet
+        and lost == 0
+        and state.repeated == 0
+        and state.running == 0
+        and state.in_progress == 0
+    )
+    note = (
+        f"resumed rc {first.returncode}; rerun measured nothing: {quiet}; same plan: {same}; "
+        f"RUNNING trials {state.running}; claims in progress {state.in_progress}; stored failures {len(state.failed)}"
+    )
     if first.returncode:
         note += f"; {first.stderr.strip().splitlines()[-1][:160] if first.stderr.strip() else ''}"
     return ok, lost, state.repeated, note
 
 
-def worker_kills(pg, model: Path, tmp: Path, rng: random.Random, kills: int, reference: StoreState,
-                 ref_s: float) -> Outcome:
+def worker_kills(
+    pg, model: Path, tmp: Path, rng: random.Random, kills: int, reference: StoreState, ref_s: float
+) -> Outcome:
     """Two workers share a search; at a random moment one of them is killed (SIGKILL, with its
     measuring worker); the other goes on. Ten times, then the job is resumed."""
     url = pg.create_database("kills")
@@ -133,10 +175,19 @@ def worker_kills(pg, model: Path, tmp: Path, rng: random.Random, kills: int, ref
         for w in workers:
             w.communicate(timeout=900)
     ok, lost, repeated, note = settled(url, model, tmp, reference)
-    return Outcome("kill -9 a search worker at a random moment", kills, kills if ok else 0, lost, repeated, note)
+    return Outcome(
+        "kill -9 a search worker at a random moment",
+        kills,
+        kills if ok else 0,
+        lost,
+        repeated,
+        note,
+    )
 
 
-def device_kill(pg, model: Path, tmp: Path, rng: random.Random, reference: StoreState, ref_s: float) -> Outcome:
+def device_kill(
+    pg, model: Path, tmp: Path, rng: random.Random, reference: StoreState, ref_s: float
+) -> Outcome:
     """Two RPC devices under one key; one is killed mid-search; requests go to the other."""
     url = pg.create_database("device")
     with loopback_fleet({"fleet": 2}) as (tracker, servers):
@@ -147,11 +198,19 @@ def device_kill(pg, model: Path, tmp: Path, rng: random.Random, reference: Store
         rpc_failures = [e for e in store_state(url).failed if e.startswith("rpc:")]
         ok, lost, repeated, note = settled(url, model, tmp, reference)
     note += f"; failures from the lost device stored: {len(rpc_failures)}"
-    return Outcome("kill -9 an RPC device mid-measurement", 1, int(ok and job.returncode == 0 and not rpc_failures),
-                   lost, repeated, f"job rc {job.returncode}; " + note)
+    return Outcome(
+        "kill -9 an RPC device mid-measurement",
+        1,
+        int(ok and job.returncode == 0 and not rpc_failures),
+        lost,
+        repeated,
+        f"job rc {job.returncode}; " + note,
+    )
 
 
-def database_outage(pg, model: Path, tmp: Path, rng: random.Random, reference: StoreState, ref_s: float) -> Outcome:
+def database_outage(
+    pg, model: Path, tmp: Path, rng: random.Random, reference: StoreState, ref_s: float
+) -> Outcome:
     """PostgreSQL stops for 10 s in the middle of a search; the job waits and goes on."""
     url = pg.create_database("outage")
     job = start(tune_cmd(model, url, tmp / "outage.json"))
@@ -162,8 +221,14 @@ def database_outage(pg, model: Path, tmp: Path, rng: random.Random, reference: S
     out, err = job.communicate(timeout=900)
     ok, lost, repeated, note = settled(url, model, tmp, reference)
     why = err.strip().splitlines()[-1][:160] if job.returncode and err.strip() else ""
-    return Outcome("stop PostgreSQL for 10 s mid-search", 1, int(ok and job.returncode == 0), lost, repeated,
-                   f"job rc {job.returncode} {why}; " + note)
+    return Outcome(
+        "stop PostgreSQL for 10 s mid-search",
+        1,
+        int(ok and job.returncode == 0),
+        lost,
+        repeated,
+        f"job rc {job.returncode} {why}; " + note,
+    )
 
 
 def export_kills(model: Path, tmp: Path, rng: random.Random, rounds: int = 3) -> Outcome:
@@ -171,7 +236,17 @@ def export_kills(model: Path, tmp: Path, rng: random.Random, rounds: int = 3) ->
     from partune.core.plan import Plan
 
     plan, out = tmp / "resumed.json", tmp / "deploy"
-    cmd = [sys.executable, "-m", "partune.cli", "export", str(model), "--plan", str(plan), "-o", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "partune.cli",
+        "export",
+        str(model),
+        "--plan",
+        str(plan),
+        "-o",
+        str(out),
+    ]
     started = time.monotonic()
     first = run(cmd)
     full_s, survived = time.monotonic() - started, 0
@@ -185,9 +260,15 @@ def export_kills(model: Path, tmp: Path, rng: random.Random, rounds: int = 3) ->
     last = run(cmd)
     leftovers = list(tmp.glob(".deploy.*"))
     ok = first.returncode == 0 and last.returncode == 0 and not leftovers
-    return Outcome("SIGKILL during partune export", rounds, survived if ok else 0, 0, 0,
-                   f"the last deployment ran after each kill: {survived}/{rounds}; leftovers after the next export: "
-                   f"{len(leftovers)}")
+    return Outcome(
+        "SIGKILL during partune export",
+        rounds,
+        survived if ok else 0,
+        0,
+        0,
+        f"the last deployment ran after each kill: {survived}/{rounds}; leftovers after the next export: "
+        f"{len(leftovers)}",
+    )
 
 
 def bad_storage(tmp: Path) -> Outcome:
@@ -196,16 +277,33 @@ def bad_storage(tmp: Path) -> Outcome:
     cut.write_bytes(b"SQLite format 3\x00" + bytes(3000))
     with local_postgres(password="right") as locked:
         urls = [f"sqlite:///{cut}", locked.url(password="wrong")]
-        done = [run([sys.executable, "-m", "partune.cli", "status", "--storage", u], timeout_s=60) for u in urls]
-    good = [d.returncode == 2 and d.stderr.strip().count("\n") == 0 and "Traceback" not in d.stderr for d in done]
-    return Outcome("truncated SQLite file; wrong PostgreSQL password", 2, sum(good), 0, 0,
-                   " | ".join(f"exit {d.returncode}: {d.stderr.strip()[:150]}" for d in done))
+        done = [
+            run([sys.executable, "-m", "partune.cli", "status", "--storage", u], timeout_s=60)
+            for u in urls
+        ]
+    good = [
+        d.returncode == 2 and d.stderr.strip().count("\n") == 0 and "Traceback" not in d.stderr
+        for d in done
+    ]
+    return Outcome(
+        "truncated SQLite file; wrong PostgreSQL password",
+        2,
+        sum(good),
+        0,
+        0,
+        " | ".join(f"exit {d.returncode}: {d.stderr.strip()[:150]}" for d in done),
+    )
 
 
 def table(rows: list[Outcome]) -> str:
-    lines = ["| fault | injected | survived | measurements lost | repeated | what was checked |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {r.fault} | {r.injected} | {r.survived} | {r.lost} | {r.repeated} | {r.note} |" for r in rows]
+    lines = [
+        "| fault | injected | survived | measurements lost | repeated | what was checked |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r.fault} | {r.injected} | {r.survived} | {r.lost} | {r.repeated} | {r.note} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -228,19 +326,25 @@ def main(argv: list[str] | None = None) -> int:
         if done.returncode:
             raise SystemExit(f"the uninterrupted run failed: {done.stderr[-400:]}")
         ref_s, reference = time.monotonic() - t0, store_state(ref_url)
-        print(f"uninterrupted run: {ref_s:.0f} s, {len(reference.regions)} candidate keys", flush=True)
-        for fault in (lambda: worker_kills(pg, model, tmp, rng, args.kills, reference, ref_s),
-                      lambda: device_kill(pg, model, tmp, rng, reference, ref_s),
-                      lambda: database_outage(pg, model, tmp, rng, reference, ref_s),
-                      lambda: export_kills(model, tmp, rng),
-                      lambda: bad_storage(tmp)):
+        print(
+            f"uninterrupted run: {ref_s:.0f} s, {len(reference.regions)} candidate keys", flush=True
+        )
+        for fault in (
+            lambda: worker_kills(pg, model, tmp, rng, args.kills, reference, ref_s),
+            lambda: device_kill(pg, model, tmp, rng, reference, ref_s),
+            lambda: database_outage(pg, model, tmp, rng, reference, ref_s),
+            lambda: export_kills(model, tmp, rng),
+            lambda: bad_storage(tmp),
+        ):
             rows.append(fault())
             print(table(rows[-1:]).splitlines()[-1], flush=True)
-    text = (f"# Fault campaign (seed {args.seed}, {time.monotonic() - started:.0f} s)\n\n"
-            f"`python experiments/faults.py --seed {args.seed} --kills {args.kills}`: a 4-layer MLP ONNX file, "
-            f"backends tvm,onnxruntime, refinement 4 trials, PostgreSQL 15 on loopback. The uninterrupted run took "
-            f"{ref_s:.0f} s and measured {len(reference.regions)} candidate keys; 'lost' counts those missing after "
-            "the faulted job was resumed, 'repeated' the keys stored twice.\n\n" + table(rows) + "\n")
+    text = (
+        f"# Fault campaign (seed {args.seed}, {time.monotonic() - started:.0f} s)\n\n"
+        f"`python experiments/faults.py --seed {args.seed} --kills {args.kills}`: a 4-layer MLP ONNX file, "
+        f"backends tvm,onnxruntime, refinement 4 trials, PostgreSQL 15 on loopback. The uninterrupted run took "
+        f"{ref_s:.0f} s and measured {len(reference.regions)} candidate keys; 'lost' counts those missing after "
+        "the faulted job was resumed, 'repeated' the keys stored twice.\n\n" + table(rows) + "\n"
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "faults.md").write_text(text)
     (RESULTS / "faults.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))

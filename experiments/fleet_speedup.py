@@ -42,8 +42,15 @@ from tests.postgres import local_postgres  # noqa: E402
 
 STUDY_PREFIX = "partune-measurements/"
 SETTINGS = ["--backends", "tvm,onnxruntime", "--peers", "none", "--refine-trials", "0"]
-PHASES = {"start-up": "start-up", "calibrate": "calibrate", "capture": "capture", "measure candidates": "candidates",
-          "measure plans": "plans", "refine": "refine", "plans vs peers": "verdict"}
+PHASES = {
+    "start-up": "start-up",
+    "calibrate": "calibrate",
+    "capture": "capture",
+    "measure candidates": "candidates",
+    "measure plans": "plans",
+    "refine": "refine",
+    "plans vs peers": "verdict",
+}
 
 
 def model_file(name: str, layers: int, folder: Path) -> Path:
@@ -76,7 +83,7 @@ def phases(stdout: str) -> dict[str, float]:
     """A ``partune tune`` job's "time by phase" line, short names -> seconds."""
     line = next((ln for ln in stdout.splitlines() if ln.startswith("time by phase: ")), "")
     out: dict[str, float] = {}
-    for name, seconds in re.findall(r"(.+?) (\d+\.\d+) s(?:; |$)", line[len("time by phase: "):]):
+    for name, seconds in re.findall(r"(.+?) (\d+\.\d+) s(?:; |$)", line[len("time by phase: ") :]):
         short = next((v for k, v in PHASES.items() if name.startswith(k)), "other")
         out[short] = out.get(short, 0.0) + float(seconds)
     return out
@@ -85,7 +92,9 @@ def phases(stdout: str) -> dict[str, float]:
 def busy_s() -> float:
     """CPU seconds this machine has been busy (all cores, since boot)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # not idle, not iowait
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf(
+        "SC_CLK_TCK"
+    )  # not idle, not iowait
 
 
 def tree_s(*roots: int) -> float:
@@ -95,7 +104,11 @@ def tree_s(*roots: int) -> float:
         pid = pids.pop()
         try:
             f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            pids += [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+            pids += [
+                int(c)
+                for t in Path(f"/proc/{pid}/task").iterdir()
+                for c in (t / "children").read_text().split()
+            ]
         except (FileNotFoundError, ProcessLookupError):
             continue
         total += sum(int(x) for x in f[11:15]) / tick  # utime, stime, and its reaped children's
@@ -114,16 +127,39 @@ def one_search(pg, model: Path, n: int, tmp: Path, run: int = 0) -> dict:
     machine, the tracker included (other work would make the timings wrong)."""
     url = fresh_storage(pg, re.sub(r"\W", "_", f"fleet_{model.stem}_{n}_{run}").lower())
     with loopback_fleet({"speed": n}) as (tracker, servers):
-        logs = [(open(tmp / f"w{n}{i}.out", "w+"), open(tmp / f"w{n}{i}.err", "w+")) for i in range(n)]
+        logs = [
+            (open(tmp / f"w{n}{i}.out", "w+"), open(tmp / f"w{n}{i}.err", "w+")) for i in range(n)
+        ]
         devices = [s.pid for s in servers["speed"]]
         busy0, pg0, devices0 = busy_s(), postgres_s(pg), tree_s(*devices)
         started = time.monotonic()
         # Output to files, not pipes: a pipe nobody reads yet fills and stalls its worker.
-        procs = [subprocess.Popen([sys.executable, "-m", "partune.cli", "tune", str(model), *SETTINGS, "--runner",
-                                   f"rpc://{tracker}/speed", "--storage", url, "--study", "speed",
-                                   "-o", str(tmp / f"p{n}{i}.json")], cwd=ROOT, env=ENV,
-                                  stdout=out, stderr=err, text=True)
-                 for i, (out, err) in enumerate(logs)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "partune.cli",
+                    "tune",
+                    str(model),
+                    *SETTINGS,
+                    "--runner",
+                    f"rpc://{tracker}/speed",
+                    "--storage",
+                    url,
+                    "--study",
+                    "speed",
+                    "-o",
+                    str(tmp / f"p{n}{i}.json"),
+                ],
+                cwd=ROOT,
+                env=ENV,
+                stdout=out,
+                stderr=err,
+                text=True,
+            )
+            for i, (out, err) in enumerate(logs)
+        ]
         ended: dict[int, float] = {}  # worker -> when it was seen to have ended
         workers_s = 0.0
         while len(ended) < n:
@@ -147,41 +183,77 @@ def one_search(pg, model: Path, n: int, tmp: Path, run: int = 0) -> dict:
     for out, err in logs:
         out.close()
         err.close()
-    name = next(s.study_name for s in optuna.get_all_study_summaries(url) if s.study_name.startswith(STUDY_PREFIX))
+    name = next(
+        s.study_name
+        for s in optuna.get_all_study_summaries(url)
+        if s.study_name.startswith(STUDY_PREFIX)
+    )
     trials = optuna.load_study(study_name=name, storage=url).trials
     keys = [t.user_attrs["key"] for t in trials]
     if len(keys) != len(set(keys)):
         raise SystemExit("a key was measured twice")
-    share = Counter(t.user_attrs["pid"] for t in trials if t.user_attrs["key"].startswith("region:"))
-    cpu = {"workers": workers_s, "devices": devices_s, "postgres": pg_s,
-           "other": max(busy - workers_s - devices_s - pg_s, 0.0)}
-    return {"n": n, "wall": wall, "share": sorted(share.values(), reverse=True), "phases": spent, "cpu": cpu}
+    share = Counter(
+        t.user_attrs["pid"] for t in trials if t.user_attrs["key"].startswith("region:")
+    )
+    cpu = {
+        "workers": workers_s,
+        "devices": devices_s,
+        "postgres": pg_s,
+        "other": max(busy - workers_s - devices_s - pg_s, 0.0),
+    }
+    return {
+        "n": n,
+        "wall": wall,
+        "share": sorted(share.values(), reverse=True),
+        "phases": spent,
+        "cpu": cpu,
+    }
 
 
 def table(model: str, rows: list[dict], cores: int) -> list[str]:
     base = rows[0]["wall"]
-    lines = [f"### {model}", "", "| N | wall s | speed-up | candidate measurements per worker | largest share "
-             "| the last worker's time by phase, s | CPU s: workers, devices, PostgreSQL, other "
-             "| cores busy |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### {model}",
+        "",
+        "| N | wall s | speed-up | candidate measurements per worker | largest share "
+        "| the last worker's time by phase, s | CPU s: workers, devices, PostgreSQL, other "
+        "| cores busy |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         when = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items() if v >= 0.05)
         cpu = r["cpu"]
-        lines.append(f"| {r['n']} | {r['wall']:.0f} | {base / r['wall']:.2f}x | {r['share']} "
-                     f"| {max(r['share']) / sum(r['share']):.0%} | {when} | "
-                     + ", ".join(f"{cpu[k]:.0f}" for k in ("workers", "devices", "postgres", "other"))
-                     + f" | {sum(cpu.values()) / r['wall']:.2f} of {cores} |")
+        lines.append(
+            f"| {r['n']} | {r['wall']:.0f} | {base / r['wall']:.2f}x | {r['share']} "
+            f"| {max(r['share']) / sum(r['share']):.0%} | {when} | "
+            + ", ".join(f"{cpu[k]:.0f}" for k in ("workers", "devices", "postgres", "other"))
+            + f" | {sum(cpu.values()) / r['wall']:.2f} of {cores} |"
+        )
     return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3], help="the first is the baseline")
-    p.add_argument("--models", nargs="+", default=["mlp", "resnet50-small"], help="mlp and/or zoo names")
+    p.add_argument(
+        "--workers", type=int, nargs="+", default=[1, 2, 3], help="the first is the baseline"
+    )
+    p.add_argument(
+        "--models", nargs="+", default=["mlp", "resnet50-small"], help="mlp and/or zoo names"
+    )
     p.add_argument("--layers", type=int, default=8, help="MLP layers (default 8)")
-    p.add_argument("--repeats", type=int, default=3, help="searches per N; the one of median wall is reported "
-                   "(one search varied 1.52x-1.72x at N = 2 between runs)")
-    p.add_argument("--check", nargs="*", default=["resnet50-small"],
-                   help="models whose speed-up must be at least 0.8 N wherever N <= the cores")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="searches per N; the one of median wall is reported "
+        "(one search varied 1.52x-1.72x at N = 2 between runs)",
+    )
+    p.add_argument(
+        "--check",
+        nargs="*",
+        default=["resnet50-small"],
+        help="models whose speed-up must be at least 0.8 N wherever N <= the cores",
+    )
     args = p.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cores, results = os.cpu_count() or 1, {}
@@ -195,26 +267,40 @@ def main(argv: list[str] | None = None) -> int:
                 for run in range(args.repeats):
                     runs.append(one_search(pg, model, n, tmp, run))
                     r = runs[-1]
-                    print(f"{name} N={n}: {r['wall']:.0f} s, candidates per worker {r['share']}, last worker "
-                          f"{ {k: round(v, 1) for k, v in r['phases'].items()} }, CPU s "
-                          f"{ {k: round(v) for k, v in r['cpu'].items()} }", flush=True)
+                    print(
+                        f"{name} N={n}: {r['wall']:.0f} s, candidates per worker {r['share']}, last worker "
+                        f"{ {k: round(v, 1) for k, v in r['phases'].items()} }, CPU s "
+                        f"{ {k: round(v) for k, v in r['cpu'].items()} }",
+                        flush=True,
+                    )
                 rows.append(sorted(runs, key=lambda r: r["wall"])[len(runs) // 2])
-    failed = [f"{name} N={r['n']}: {rows[0]['wall'] / r['wall']:.2f}x < {0.8 * r['n']:.1f}x"
-              for name, rows in results.items() if name in args.check for r in rows
-              if 1 < r["n"] <= cores and rows[0]["wall"] / r["wall"] < 0.8 * r["n"]]
-    lines = [f"# One search, N workers and N loopback devices ({cores} cores)", "",
-             f"`python experiments/fleet_speedup.py --workers {' '.join(map(str, args.workers))} --models "
-             f"{' '.join(args.models)} --layers {args.layers} --repeats {args.repeats}`: each model as an ONNX "
-             f"file, `{' '.join(SETTINGS)}`, the same for every N; one fresh PostgreSQL database per search; "
-             f"of {args.repeats} search(es) per N, the one of median wall time. Devices, workers, the tracker and "
-             "PostgreSQL share this machine's cores; CPU s \"other\" is what the rest of the machine (the "
-             "tracker included) used meanwhile.", ""]
+    failed = [
+        f"{name} N={r['n']}: {rows[0]['wall'] / r['wall']:.2f}x < {0.8 * r['n']:.1f}x"
+        for name, rows in results.items()
+        if name in args.check
+        for r in rows
+        if 1 < r["n"] <= cores and rows[0]["wall"] / r["wall"] < 0.8 * r["n"]
+    ]
+    lines = [
+        f"# One search, N workers and N loopback devices ({cores} cores)",
+        "",
+        f"`python experiments/fleet_speedup.py --workers {' '.join(map(str, args.workers))} --models "
+        f"{' '.join(args.models)} --layers {args.layers} --repeats {args.repeats}`: each model as an ONNX "
+        f"file, `{' '.join(SETTINGS)}`, the same for every N; one fresh PostgreSQL database per search; "
+        f"of {args.repeats} search(es) per N, the one of median wall time. Devices, workers, the tracker and "
+        'PostgreSQL share this machine\'s cores; CPU s "other" is what the rest of the machine (the '
+        "tracker included) used meanwhile.",
+        "",
+    ]
     for name, rows in results.items():
         lines += table(name if name != "mlp" else f"mlp ({args.layers} layers)", rows, cores)
     checked = [m for m in args.check if m in results]
     if checked:
-        lines.append(f"At least 0.8 N where N <= {cores} cores ({', '.join(checked)}): "
-                     + ("; ".join(failed) if failed else "holds") + ".")
+        lines.append(
+            f"At least 0.8 N where N <= {cores} cores ({', '.join(checked)}): "
+            + ("; ".join(failed) if failed else "holds")
+            + "."
+        )
     text = "\n".join(lines) + "\n"
     out = ROOT / "experiments" / "results" / "fleet_speedup.md"
     out.write_text(text)

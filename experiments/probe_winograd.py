@@ -46,14 +46,21 @@ def winograd(w: np.ndarray, size: int):
     tiles = (size // 2) ** 2
     x = ops.parameter([1, c, size, size], np.float32)
     into = np.tile(np.einsum("au,bv->abuv", B_T, B_T).reshape(1, 16, 1, 4, 4), (c, 1, 1, 1, 1))
-    v = ops.group_convolution(x, ops.constant(into), [2, 2], [1, 1], [1, 1], [1, 1])  # [1, 16C, H/2, W/2]
-    v = ops.transpose(ops.reshape(v, ops.constant(np.array([c, 16, tiles])), False), ops.constant(np.array([1, 0, 2])))
+    v = ops.group_convolution(
+        x, ops.constant(into), [2, 2], [1, 1], [1, 1], [1, 1]
+    )  # [1, 16C, H/2, W/2]
+    v = ops.transpose(
+        ops.reshape(v, ops.constant(np.array([c, 16, tiles])), False),
+        ops.constant(np.array([1, 0, 2])),
+    )
     u = np.einsum("ai,kcij,bj->abkc", G, w, G).reshape(16, k, c).astype(np.float32)
     m = ops.matmul(ops.constant(u), v, False, False)  # [16, K, tiles]
     m = ops.transpose(m, ops.constant(np.array([1, 0, 2])))
     m = ops.reshape(m, ops.constant(np.array([1, 16 * k, size // 2, size // 2])), False)
     out = np.tile(np.einsum("pa,qb->abpq", A_T, A_T).reshape(1, 16, 1, 2, 2), (k, 1, 1, 1, 1))
-    y = ops.group_convolution_backprop_data(m, ops.constant(out), [2, 2], None, [0, 0], [0, 0], [1, 1])
+    y = ops.group_convolution_backprop_data(
+        m, ops.constant(out), [2, 2], None, [0, 0], [0, 0], [1, 1]
+    )
     return ov.Model([y], [x])
 
 
@@ -64,25 +71,35 @@ def main() -> None:
     from partune.runners.timing import time_interleaved
 
     rng = np.random.default_rng(0)
-    lines = ["# Winograd F(2x2, 3x3) from OpenVINO ops vs OpenVINO's direct 3x3 convolution", "",
-             "1 thread, batch 1, pad 1, interleaved rounds (median of each round's fastest repeat). "
-             "speed-up > 1: Winograd is faster. (`experiments/probe_winograd.py`)", "",
-             "| C -> K | H x W | direct ms | direct GFLOP/s | Winograd ms | speed-up | max rel. error |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Winograd F(2x2, 3x3) from OpenVINO ops vs OpenVINO's direct 3x3 convolution",
+        "",
+        "1 thread, batch 1, pad 1, interleaved rounds (median of each round's fastest repeat). "
+        "speed-up > 1: Winograd is faster. (`experiments/probe_winograd.py`)",
+        "",
+        "| C -> K | H x W | direct ms | direct GFLOP/s | Winograd ms | speed-up | max rel. error |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for c, k, size in SHAPES:
         w = (rng.standard_normal((k, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
         x = rng.standard_normal((1, c, size, size)).astype(np.float32)
         requests = {}
         for label, model in (("direct", direct(w, size)), ("winograd", winograd(w, size))):
-            request = openvino_core().compile_model(model, "CPU", compile_config(1)).create_infer_request()
+            request = (
+                openvino_core()
+                .compile_model(model, "CPU", compile_config(1))
+                .create_infer_request()
+            )
             request.set_input_tensor(ov.Tensor(x))
             requests[label] = request
         timed = time_interleaved({label: r.infer for label, r in requests.items()}, rounds=7)
         want, got = (requests[label].get_output_tensor(0).data for label in ("direct", "winograd"))
         error = float(np.abs(want - got).max() / np.abs(want).max())
         d, wg = timed["direct"].median_s, timed["winograd"].median_s
-        lines.append(f"| {c} -> {k} | {size} x {size} | {d * 1e3:.3f} | {2 * 9 * c * k * size * size / d / 1e9:.0f} "
-                     f"| {wg * 1e3:.3f} | {d / wg:.2f}x | {error:.1e} |")
+        lines.append(
+            f"| {c} -> {k} | {size} x {size} | {d * 1e3:.3f} | {2 * 9 * c * k * size * size / d / 1e9:.0f} "
+            f"| {wg * 1e3:.3f} | {d / wg:.2f}x | {error:.1e} |"
+        )
         print(lines[-1], flush=True)
     out = ROOT / "experiments" / "results" / "winograd.md"
     out.write_text("\n".join(lines) + "\n")

@@ -16,9 +16,18 @@ __all__ = [
     "load_program",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "exported_program": ("load_program",),
-    "models": ("Model", "load",),
-    "pipeline": ("describe_passes", "describe_runs",),
-    "zoo": ("ZOO",),
-})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "exported_program": ("load_program",),
+        "models": (
+            "Model",
+            "load",
+        ),
+        "pipeline": (
+            "describe_passes",
+            "describe_runs",
+        ),
+        "zoo": ("ZOO",),
+    },
+)

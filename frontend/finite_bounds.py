@@ -27,8 +27,8 @@ from partune.core import known_shape
 
 INF = math.inf
 FLT_MAX = float(np.finfo(np.float32).max)
-OVERFLOW = 2.0 ** 128 - 2.0 ** 103  # an exact result this large rounds to infinity in f32
-ULP = 2.0 ** -24  # the relative error of one f32 rounding
+OVERFLOW = 2.0**128 - 2.0**103  # an exact result this large rounds to infinity in f32
+ULP = 2.0**-24  # the relative error of one f32 rounding
 
 
 def _rounded(exact: float, roundings: int = 1) -> float:
@@ -46,20 +46,54 @@ def _rounded(exact: float, roundings: int = 1) -> float:
 
 # Ops whose result is no larger than their (data) input: moves, selections, clamps, ReLU,
 # GELU and SiLU (|gelu(x)| <= |x|).
-_SAME = frozenset({
-    "relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.flatten",
-    "relax.broadcast_to", "relax.strided_slice", "relax.take", "relax.index_tensor",
-    "relax.gather_elements", "relax.gather_nd", "relax.nn.relu", "relax.max", "relax.min",
-    "relax.nn.max_pool2d", "relax.negative", "relax.abs", "relax.nn.gelu", "relax.nn.gelu_tanh",
-    "relax.nn.silu", "relax.clip", "relax.repeat", "relax.tile", "relax.split", "relax.concat",
-    "relax.maximum", "relax.minimum", "relax.where",
-})
+_SAME = frozenset(
+    {
+        "relax.reshape",
+        "relax.permute_dims",
+        "relax.expand_dims",
+        "relax.squeeze",
+        "relax.flatten",
+        "relax.broadcast_to",
+        "relax.strided_slice",
+        "relax.take",
+        "relax.index_tensor",
+        "relax.gather_elements",
+        "relax.gather_nd",
+        "relax.nn.relu",
+        "relax.max",
+        "relax.min",
+        "relax.nn.max_pool2d",
+        "relax.negative",
+        "relax.abs",
+        "relax.nn.gelu",
+        "relax.nn.gelu_tanh",
+        "relax.nn.silu",
+        "relax.clip",
+        "relax.repeat",
+        "relax.tile",
+        "relax.split",
+        "relax.concat",
+        "relax.maximum",
+        "relax.minimum",
+        "relax.where",
+    }
+)
 # Averages: no larger than their inputs, but computed as sums, which may overflow first.
 _AVERAGES = frozenset({"relax.mean", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d"})
-_UNIT = frozenset({"relax.nn.softmax", "relax.sigmoid", "relax.tanh", "relax.erf", "relax.sin",
-                   "relax.cos"})
-_INT_MAX = {"bool": 1.0, "int8": 128.0, "uint8": 255.0, "int16": 2.0 ** 15, "uint16": 2.0 ** 16,
-            "int32": 2.0 ** 31, "uint32": 2.0 ** 32, "int64": 2.0 ** 63, "uint64": 2.0 ** 64}
+_UNIT = frozenset(
+    {"relax.nn.softmax", "relax.sigmoid", "relax.tanh", "relax.erf", "relax.sin", "relax.cos"}
+)
+_INT_MAX = {
+    "bool": 1.0,
+    "int8": 128.0,
+    "uint8": 255.0,
+    "int16": 2.0**15,
+    "uint16": 2.0**16,
+    "int32": 2.0**31,
+    "uint32": 2.0**32,
+    "int64": 2.0**63,
+    "uint64": 2.0**64,
+}
 
 
 def known_dims(expr: relax.Expr) -> list[int] | None:
@@ -85,8 +119,11 @@ def _const_bound(value: np.ndarray) -> float:
         return max(abs(float(value.min())), abs(float(value.max())))
     with np.errstate(invalid="ignore"):
         high, low = np.nanmax(value, initial=-np.inf), np.nanmin(value, initial=np.inf)
-    return max(abs(float(high)), abs(float(low))) if np.isfinite(high) or np.isfinite(low) else (
-        INF if np.isinf(value).any() else 0.0)
+    return (
+        max(abs(float(high)), abs(float(low)))
+        if np.isfinite(high) or np.isfinite(low)
+        else (INF if np.isinf(value).any() else 0.0)
+    )
 
 
 def _const_min_abs(expr: relax.Expr) -> float:
@@ -138,16 +175,24 @@ class _Bounds:
         if name == "relax.exp":
             return _rounded(math.exp(b[0]) * (1 + 1e-6)) if b[0] < 88 else INF
         if name in _SAME:
-            if name in ("relax.take", "relax.index_tensor", "relax.gather_elements", "relax.gather_nd"):
+            if name in (
+                "relax.take",
+                "relax.index_tensor",
+                "relax.gather_elements",
+                "relax.gather_nd",
+            ):
                 return b[0]
-            return max(b) if name in ("relax.maximum", "relax.minimum", "relax.concat") else (
-                max(b[1:]) if name == "relax.where" else b[0])
+            return (
+                max(b)
+                if name in ("relax.maximum", "relax.minimum", "relax.concat")
+                else (max(b[1:]) if name == "relax.where" else b[0])
+            )
         if name == "relax.astype":
             return min(b[0], _INT_MAX.get(_dtype(args[0]), INF))
         if INF in b:
             return INF  # (below: arithmetic, unbounded with an unbounded operand)
         if name in _AVERAGES:  # a sum of up to 2^24 terms of this size cannot overflow
-            return b[0] if b[0] < FLT_MAX * 2.0 ** -25 else INF
+            return b[0] if b[0] < FLT_MAX * 2.0**-25 else INF
         if name in ("relax.add", "relax.subtract"):
             return _rounded(b[0] + b[1])
         if name == "relax.multiply":

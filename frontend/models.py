@@ -89,8 +89,10 @@ class _HintsToPins(relax.PyExprMutator):
             dev = int(call.attrs.device_type)
             arg = call.args[0]
             if isinstance(arg, relax.Var):
-                self.hints[arg.name] = SEScope(device_type=DEVICE_TYPES.get(dev, str(dev)),
-                                               virtual_device_id=int(call.attrs.index))
+                self.hints[arg.name] = SEScope(
+                    device_type=DEVICE_TYPES.get(dev, str(dev)),
+                    virtual_device_id=int(call.attrs.index),
+                )
             return self.visit_expr(arg)
         return super().visit_call_(call)
 
@@ -102,7 +104,9 @@ def _strip_hints(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, SEScope]]:
     return mod, mutator.hints
 
 
-def _from_torch(name: str, module, args: tuple, source: str, recipe: dict, disabled: tuple[str, ...]) -> Model:
+def _from_torch(
+    name: str, module, args: tuple, source: str, recipe: dict, disabled: tuple[str, ...]
+) -> Model:
     import torch
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -116,15 +120,18 @@ def _from_torch(name: str, module, args: tuple, source: str, recipe: dict, disab
     except Exception as e:  # the frontend raises many kinds
         raise ModelError(f"cannot import {name} to Relax: {str(e).splitlines()[-1][:200]}") from e
     mod, passes = normalise(mod, disabled)
-    return Model(name, mod, [a.numpy() for a in args], reference, source, module, recipe, passes=passes)
+    return Model(
+        name, mod, [a.numpy() for a in args], reference, source, module, recipe, passes=passes
+    )
 
 
 def load_zoo(name: str, disabled: tuple[str, ...] = ()) -> Model:
     from partune.frontend.zoo import ZOO, names
 
     if name not in ZOO:
-        raise ModelError(f"unknown model '{name}': not a file and not in the zoo "
-                         f"({', '.join(names())})")
+        raise ModelError(
+            f"unknown model '{name}': not a file and not in the zoo ({', '.join(names())})"
+        )
     entry = ZOO[name]
     return _from_torch(name, entry.build(), entry.inputs(), "torch eager", {"zoo": name}, disabled)
 
@@ -142,17 +149,28 @@ def load_pt2(path: Path, disabled: tuple[str, ...] = ()) -> Model:
         data = path.read_bytes()
         ep = load_program(data)
     except Exception as e:
-        raise ModelError(f"cannot read ExportedProgram {path}: {str(e).splitlines()[0][:200]}") from e
+        raise ModelError(
+            f"cannot read ExportedProgram {path}: {str(e).splitlines()[0][:200]}"
+        ) from e
     args = getattr(ep, "example_inputs", None)
     if args and args[0]:
         inputs = tuple(args[0])
     else:
-        metas = [n.meta["val"] for n in ep.graph.nodes if n.op == "placeholder"
-                 and n.name in ep.graph_signature.user_inputs]
-        inputs = tuple(torch.from_numpy(_random_input(tuple(m.shape), str(m.dtype).removeprefix("torch."), SEED + i))
-                       for i, m in enumerate(metas))
+        metas = [
+            n.meta["val"]
+            for n in ep.graph.nodes
+            if n.op == "placeholder" and n.name in ep.graph_signature.user_inputs
+        ]
+        inputs = tuple(
+            torch.from_numpy(
+                _random_input(tuple(m.shape), str(m.dtype).removeprefix("torch."), SEED + i)
+            )
+            for i, m in enumerate(metas)
+        )
     recipe = {"pt2": base64.b64encode(data).decode()}
-    return _from_torch(path.stem, ep.module(), inputs, "torch eager (ExportedProgram)", recipe, disabled)
+    return _from_torch(
+        path.stem, ep.module(), inputs, "torch eager (ExportedProgram)", recipe, disabled
+    )
 
 
 def _read_onnx(path: Path):
@@ -167,7 +185,9 @@ def _read_onnx(path: Path):
             load_external_data_for_model(proto, str(path.parent))
         onnx.checker.check_model(proto)
     except Exception as e:
-        raise ModelError(f"cannot read ONNX model {path}: {str(e).strip().splitlines()[0][:200]}") from e
+        raise ModelError(
+            f"cannot read ONNX model {path}: {str(e).strip().splitlines()[0][:200]}"
+        ) from e
     return proto, external
 
 
@@ -180,10 +200,14 @@ def _reference(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         return flatten_outputs(sess.run(None, feeds))
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own kinds
-        raise ModelError(f"onnxruntime cannot run {path}: {str(e).strip().splitlines()[0][:200]}") from e
+        raise ModelError(
+            f"onnxruntime cannot run {path}: {str(e).strip().splitlines()[0][:200]}"
+        ) from e
 
 
-def _fix_input_shapes(proto, given: dict[str, tuple[int, ...]], assumed: list[str]) -> dict[str, tuple[int, ...]]:
+def _fix_input_shapes(
+    proto, given: dict[str, tuple[int, ...]], assumed: list[str]
+) -> dict[str, tuple[int, ...]]:
     """Static input shapes: the search works on them. ``given`` wins; other symbolic dims become 1.
 
     Every dimension assumed to be 1 is described in ``assumed``, so the user learns that
@@ -192,22 +216,37 @@ def _fix_input_shapes(proto, given: dict[str, tuple[int, ...]], assumed: list[st
     init_names = {i.name for i in proto.graph.initializer}
     inputs = [i for i in proto.graph.input if i.name not in init_names]
     if unknown := set(given) - {i.name for i in inputs}:
-        raise ModelError(f"--input-shape names no input of the model: {', '.join(sorted(unknown))} "
-                         f"(inputs: {', '.join(i.name for i in inputs)})")
+        raise ModelError(
+            f"--input-shape names no input of the model: {', '.join(sorted(unknown))} "
+            f"(inputs: {', '.join(i.name for i in inputs)})"
+        )
     # A named dimension set on one input (sequence=128) holds for every input that names it.
-    named = {d.dim_param: w for i in inputs if i.name in given
-             for d, w in zip(i.type.tensor_type.shape.dim, given[i.name], strict=False) if d.dim_param}
+    named = {
+        d.dim_param: w
+        for i in inputs
+        if i.name in given
+        for d, w in zip(i.type.tensor_type.shape.dim, given[i.name], strict=False)
+        if d.dim_param
+    }
     shapes = {}
     for inp in inputs:
         dims = inp.type.tensor_type.shape.dim
         if inp.name not in given and all(d.dim_value > 0 or d.dim_param in named for d in dims):
-            given = given | {inp.name: tuple(d.dim_value if d.dim_value > 0 else named[d.dim_param] for d in dims)}
+            given = given | {
+                inp.name: tuple(
+                    d.dim_value if d.dim_value > 0 else named[d.dim_param] for d in dims
+                )
+            }
         if inp.name in given:
             want = given[inp.name]
             fixed = [d.dim_value for d in dims]
-            if len(want) != len(dims) or any(f > 0 and f != w for f, w in zip(fixed, want, strict=True)):
-                raise ModelError(f"--input-shape {inp.name}={','.join(map(str, want))} does not fit "
-                                 f"its declared shape {[d.dim_value or d.dim_param or '?' for d in dims]}")
+            if len(want) != len(dims) or any(
+                f > 0 and f != w for f, w in zip(fixed, want, strict=True)
+            ):
+                raise ModelError(
+                    f"--input-shape {inp.name}={','.join(map(str, want))} does not fit "
+                    f"its declared shape {[d.dim_value or d.dim_param or '?' for d in dims]}"
+                )
             for d, w in zip(dims, want, strict=True):
                 d.ClearField("dim_param")
                 d.dim_value = w
@@ -235,8 +274,11 @@ def _frontend_failure(e: Exception) -> str:
     return why
 
 
-def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None,
-              disabled: tuple[str, ...] = ()) -> Model:
+def load_onnx(
+    path: Path,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    disabled: tuple[str, ...] = (),
+) -> Model:
     import hashlib
 
     import onnx
@@ -262,10 +304,14 @@ def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None
         inputs.append(_random_input(shapes[inp.name], dtype, SEED + k))
     reference = _reference(path, dict(zip(shapes, inputs, strict=True)))
     proto = explicit_conv_pads(fold_onnx_shapes(proto))
-    unsupported = sorted({n.op_type for n in proto.graph.node} - set(_get_convert_map()) - {"Constant", "If"})
+    unsupported = sorted(
+        {n.op_type for n in proto.graph.node} - set(_get_convert_map()) - {"Constant", "If"}
+    )
     if unsupported:
-        raise ModelError(f"cannot import {path} to Relax: no Relax translation for ONNX op(s) "
-                         f"{', '.join(unsupported)}")
+        raise ModelError(
+            f"cannot import {path} to Relax: no Relax translation for ONNX op(s) "
+            f"{', '.join(unsupported)}"
+        )
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
@@ -275,22 +321,34 @@ def load_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]] | None = None
     del proto  # its weights are the module's constants now: one copy fewer while Relax normalises
     try:
         mod, passes = normalise(relax.transform.DecomposeOpsForInference()(mod), disabled)
-        return Model(path.stem, mod, inputs, reference, "onnxruntime", onnx_sha256=digest, assumed=assumed,
-                     passes=passes, **user)
+        return Model(
+            path.stem,
+            mod,
+            inputs,
+            reference,
+            "onnxruntime",
+            onnx_sha256=digest,
+            assumed=assumed,
+            passes=passes,
+            **user,
+        )
     except Exception as e:  # noqa: BLE001 - what Relax cannot type or fold is bad input here
         raise ModelError(f"cannot import {path} to Relax: {_frontend_failure(e)}") from e
 
 
 def load_tvmscript(path: Path, disabled: tuple[str, ...] = ()) -> Model:
     # The parser takes the module itself; import lines around it are for Python only.
-    text = "\n".join("" if re.match(r"(from|import)\s", line) else line
-                     for line in path.read_text().splitlines())
+    text = "\n".join(
+        "" if re.match(r"(from|import)\s", line) else line for line in path.read_text().splitlines()
+    )
     try:
         mod = tvm.script.from_source(text)
     except Exception as e:
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
         raise ModelError(f"cannot parse TVMScript {path}: {first[:200]}") from e
-    if not isinstance(mod, tvm.IRModule) or "main" not in [g.name_hint for g in mod.get_global_vars()]:
+    if not isinstance(mod, tvm.IRModule) or "main" not in [
+        g.name_hint for g in mod.get_global_vars()
+    ]:
         raise ModelError(f"{path} has no Relax function 'main'")
     func = mod["main"]
     inputs = []
@@ -298,7 +356,9 @@ def load_tvmscript(path: Path, disabled: tuple[str, ...] = ()) -> Model:
         ty = p.ty
         if not isinstance(ty, relax.TensorType) or ty.shape is None:
             raise ModelError(f"{path}: parameter '{p.name}' needs a static tensor shape")
-        inputs.append(_random_input(tuple(int(v) for v in ty.shape.values), str(ty.dtype), SEED + k))
+        inputs.append(
+            _random_input(tuple(int(v) for v in ty.shape.values), str(ty.dtype), SEED + k)
+        )
     from partune.backends import (
         compile_module,  # the reference is the untuned TVM build
     )
@@ -324,8 +384,11 @@ LOADERS: dict[str, Callable[[Path, tuple[str, ...]], Model]] = {
 }
 
 
-def load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
-         disabled_passes: Iterable[str] = ()) -> Model:
+def load(
+    spec: str,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+    disabled_passes: Iterable[str] = (),
+) -> Model:
     """A zoo name or a path to an .onnx, .pt2 or TVMScript (.py/.tvmscript/.relax) file.
 
     ``input_shapes`` fixes an ONNX model's symbolic input dimensions (batch, sequence);
@@ -342,10 +405,14 @@ def load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
         trim()
 
 
-def _load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None, disabled: tuple[str, ...]) -> Model:
+def _load(
+    spec: str, input_shapes: dict[str, tuple[int, ...]] | None, disabled: tuple[str, ...]
+) -> Model:
     path = Path(spec)
     if input_shapes and path.suffix != ".onnx":
-        raise ModelError("--input-shape applies to ONNX models only (other formats have static shapes)")
+        raise ModelError(
+            "--input-shape applies to ONNX models only (other formats have static shapes)"
+        )
     if path.suffix == ".onnx" and path.is_file():
         return load_onnx(path, input_shapes, disabled)
     if path.suffix in LOADERS:
@@ -353,5 +420,7 @@ def _load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None, disabled: 
             raise ModelError(f"model file {spec} does not exist")
         return LOADERS[path.suffix](path, disabled)
     if path.exists():
-        raise ModelError(f"cannot tell the format of {spec}: use .onnx, .pt2, .py/.tvmscript/.relax")
+        raise ModelError(
+            f"cannot tell the format of {spec}: use .onnx, .pt2, .py/.tvmscript/.relax"
+        )
     return load_zoo(spec, disabled)

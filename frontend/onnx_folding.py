@@ -87,10 +87,20 @@ class _WeightStandIns:
 
         g = proto.graph
         self.model = helper.make_model(
-            helper.make_graph(g.node, g.name, g.input, g.output, [stand_in(t) for t in g.initializer],
-                              doc_string=g.doc_string, value_info=g.value_info,
-                              sparse_initializer=g.sparse_initializer),
-            opset_imports=proto.opset_import, ir_version=proto.ir_version, functions=proto.functions)
+            helper.make_graph(
+                g.node,
+                g.name,
+                g.input,
+                g.output,
+                [stand_in(t) for t in g.initializer],
+                doc_string=g.doc_string,
+                value_info=g.value_info,
+                sparse_initializer=g.sparse_initializer,
+            ),
+            opset_imports=proto.opset_import,
+            ir_version=proto.ir_version,
+            functions=proto.functions,
+        )
 
     def original(self, t):
         """The weight ``t`` stands in for, or None when ``t`` is no stand-in."""
@@ -126,7 +136,11 @@ class _WeightStandIns:
         for t in model.graph.initializer:
             if (original := self.original(t)) is not None:
                 t.raw_data = original.raw_data
-        if any(a.type == a.TENSOR and self.original(a.t) is not None for n in model.graph.node for a in n.attribute):
+        if any(
+            a.type == a.TENSOR and self.original(a.t) is not None
+            for n in model.graph.node
+            for a in n.attribute
+        ):
             raise _StandInLeft  # not seen: then onnxslim runs on the model with its weights
         return model
 
@@ -142,13 +156,19 @@ def _is_weight(t) -> bool:
 
     elements = int(np.prod(t.dims, dtype=np.int64))
     shape_data = t.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
-    return not shape_data and elements * 4 >= _WEIGHT_BYTES and t.data_location != onnx.TensorProto.EXTERNAL
+    return (
+        not shape_data
+        and elements * 4 >= _WEIGHT_BYTES
+        and t.data_location != onnx.TensorProto.EXTERNAL
+    )
 
 
 SLIM_ROUNDS = 1000  # onnxslim's rounds stop once a round changes nothing: a bound, not a count
 
 
-_WEIGHT_BYTES = 1 << 16  # tensors this large are weights, not shape data (int64/int32 ones are kept whole)
+_WEIGHT_BYTES = (
+    1 << 16
+)  # tensors this large are weights, not shape data (int64/int32 ones are kept whole)
 
 
 def _shape_infer_without_weights(infer):
@@ -158,15 +178,29 @@ def _shape_infer_without_weights(infer):
     from onnx import helper
 
     def header(t):
-        return onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims) if _is_weight(t) else t
+        return (
+            onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
+            if _is_weight(t)
+            else t
+        )
 
     def run(model):
         trim()  # the round before's copies, freed: each round grew the import by ~0.1 GB at 6 BERT layers
         g = model.graph
         light = helper.make_model(
-            helper.make_graph(g.node, g.name, g.input, g.output, [header(t) for t in g.initializer],
-                              value_info=g.value_info, sparse_initializer=g.sparse_initializer),
-            opset_imports=model.opset_import, ir_version=model.ir_version, functions=model.functions)
+            helper.make_graph(
+                g.node,
+                g.name,
+                g.input,
+                g.output,
+                [header(t) for t in g.initializer],
+                value_info=g.value_info,
+                sparse_initializer=g.sparse_initializer,
+            ),
+            opset_imports=model.opset_import,
+            ir_version=model.ir_version,
+            functions=model.functions,
+        )
         inferred = infer(light).graph
         del g.value_info[:]
         g.value_info.extend(inferred.value_info)
@@ -192,7 +226,8 @@ def explicit_conv_pads(proto):
 
     def same(node) -> bool:
         return node.op_type == "Conv" and any(
-            a.name == "auto_pad" and a.s in (b"SAME_UPPER", b"SAME_LOWER") for a in node.attribute)
+            a.name == "auto_pad" and a.s in (b"SAME_UPPER", b"SAME_LOWER") for a in node.attribute
+        )
 
     convs = [n for n in proto.graph.node if same(n)]
     if not convs:
@@ -205,8 +240,10 @@ def explicit_conv_pads(proto):
     shapes = {t.name: list(t.dims) for t in g.initializer}
     for vi in [*g.input, *g.value_info, *g.output]:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-            shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None
-                               for d in vi.type.tensor_type.shape.dim]
+            shapes[vi.name] = [
+                d.dim_value if d.HasField("dim_value") else None
+                for d in vi.type.tensor_type.shape.dim
+            ]
     for node in convs:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         x, w = shapes.get(node.input[0]), shapes.get(node.input[1])

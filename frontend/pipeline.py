@@ -38,8 +38,11 @@ from partune.frontend.passes.whole_input_pool import WHOLE_INPUT_POOL
 PASSES: tuple[ImportPass, ...] = (
     CUMSUM_OF_BOOL,
     WHOLE_INPUT_POOL,
-    tvm_pass("FoldConstant", "TVM's constant folding: work on constants done once",
-             relax.transform.FoldConstant),
+    tvm_pass(
+        "FoldConstant",
+        "TVM's constant folding: work on constants done once",
+        relax.transform.FoldConstant,
+    ),
     FOLD_INPUT_FREE,
     CAST_BEFORE_MOVES,
     FLOAT_TO_BOOL,
@@ -47,8 +50,11 @@ PASSES: tuple[ImportPass, ...] = (
     DROP_SOFTMAX_GUARDS,
     RELATIVE_SHEARS,
     WAVEFORM_FRAMES,
-    tvm_pass("DeadCodeElimination", "TVM's dead code elimination: what the rewrites left unused",
-             lambda: relax.transform.DeadCodeElimination(["main"])),
+    tvm_pass(
+        "DeadCodeElimination",
+        "TVM's dead code elimination: what the rewrites left unused",
+        lambda: relax.transform.DeadCodeElimination(["main"]),
+    ),
 )
 NAMES: tuple[str, ...] = tuple(p.name for p in PASSES)
 
@@ -90,12 +96,16 @@ def check_pass_names(names: Iterable[str]) -> tuple[str, ...]:
     """``names`` if each is a pipeline pass; a one-line error naming the passes otherwise."""
     names = tuple(names)
     if unknown := [n for n in names if n not in NAMES]:
-        raise PartuneError(f"no import pass named {', '.join(unknown)} (passes: {', '.join(NAMES)}; "
-                           "see partune --list-passes)")
+        raise PartuneError(
+            f"no import pass named {', '.join(unknown)} (passes: {', '.join(NAMES)}; "
+            "see partune --list-passes)"
+        )
     return names
 
 
-def normalise(mod: tvm.IRModule, disabled: Iterable[str] = ()) -> tuple[tvm.IRModule, list[PassRun]]:
+def normalise(
+    mod: tvm.IRModule, disabled: Iterable[str] = ()
+) -> tuple[tvm.IRModule, list[PassRun]]:
     """``mod`` through every pipeline pass not in ``disabled``, and what each pass did."""
     disabled = check_pass_names(disabled)
     counts: dict[str, int] = {}
@@ -103,7 +113,9 @@ def normalise(mod: tvm.IRModule, disabled: Iterable[str] = ()) -> tuple[tvm.IRMo
     pipeline = tvm.transform.Sequential([p.make(counts) for p in PASSES], name="PartuneImport")
     with tvm.transform.PassContext(disabled_pass=list(disabled), instruments=[timer]):
         mod = pipeline(mod)
-    runs = [PassRun(n, n in timer.seconds, timer.seconds.get(n, 0.0), counts.get(n, 0)) for n in NAMES]
+    runs = [
+        PassRun(n, n in timer.seconds, timer.seconds.get(n, 0.0), counts.get(n, 0)) for n in NAMES
+    ]
     return mod, runs
 
 
@@ -116,5 +128,8 @@ def describe_passes() -> str:
 def describe_runs(runs: list[PassRun]) -> str:
     """What each pass did to one model (``partune run -v``)."""
     width = max(len(r.name) for r in runs)
-    return "\n".join(f"pass {r.name:<{width}}  " + (f"{r.seconds * 1e3:8.1f} ms  {r.rewrites} rewritten"
-                                                   if r.ran else "disabled") for r in runs)
+    return "\n".join(
+        f"pass {r.name:<{width}}  "
+        + (f"{r.seconds * 1e3:8.1f} ms  {r.rewrites} rewritten" if r.ran else "disabled")
+        for r in runs
+    )

@@ -71,11 +71,17 @@ def _image(size: int) -> Callable[[], tuple[torch.Tensor, ...]]:
 
 
 def _tokens(seq: int, vocab: int) -> Callable[[], tuple[torch.Tensor, ...]]:
-    return lambda: (torch.randint(0, vocab, (1, seq), generator=torch.Generator().manual_seed(SEED)),)
+    return lambda: (
+        torch.randint(0, vocab, (1, seq), generator=torch.Generator().manual_seed(SEED)),
+    )
 
 
-def _hf(config_factory: Callable[[], object], head: str, image: int | None = None,
-        seq: int | None = None) -> tuple[Callable[[], torch.nn.Module], Callable]:
+def _hf(
+    config_factory: Callable[[], object],
+    head: str,
+    image: int | None = None,
+    seq: int | None = None,
+) -> tuple[Callable[[], torch.nn.Module], Callable]:
     import transformers
 
     inputs = _image(image) if image else _tokens(seq, config_factory().vocab_size)
@@ -96,8 +102,13 @@ def _resnet(small: bool):
 
     def cfg():
         if small:
-            return ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1],
-                                layer_type="bottleneck", num_labels=10)
+            return ResNetConfig(
+                embedding_size=16,
+                hidden_sizes=[16, 32, 64, 128],
+                depths=[1, 1, 1, 1],
+                layer_type="bottleneck",
+                num_labels=10,
+            )
         return ResNetConfig(num_labels=1000)  # resnet-50
 
     return _hf(cfg, "ResNetForImageClassification", image=64 if small else 224)
@@ -107,8 +118,11 @@ def _mobilenet(small: bool):
     from transformers import MobileNetV2Config
 
     def cfg():
-        return MobileNetV2Config(depth_multiplier=0.35 if small else 1.0, image_size=64 if small else 224,
-                                 num_labels=10 if small else 1000)
+        return MobileNetV2Config(
+            depth_multiplier=0.35 if small else 1.0,
+            image_size=64 if small else 224,
+            num_labels=10 if small else 1000,
+        )
 
     return _hf(cfg, "MobileNetV2ForImageClassification", image=64 if small else 224)
 
@@ -118,8 +132,12 @@ def _convnext(small: bool):
 
     def cfg():
         if small:
-            return ConvNextConfig(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_labels=10)
-        return ConvNextConfig(hidden_sizes=[40, 80, 160, 320], depths=[2, 2, 6, 2], num_labels=1000)  # atto
+            return ConvNextConfig(
+                hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], num_labels=10
+            )
+        return ConvNextConfig(
+            hidden_sizes=[40, 80, 160, 320], depths=[2, 2, 6, 2], num_labels=1000
+        )  # atto
 
     return _hf(cfg, "ConvNextForImageClassification", image=64 if small else 224)
 
@@ -129,10 +147,24 @@ def _vit(small: bool):
 
     def cfg():
         if small:
-            return ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-                             image_size=32, patch_size=8, num_labels=10)
-        return ViTConfig(hidden_size=192, num_hidden_layers=12, num_attention_heads=3, intermediate_size=768,
-                         image_size=224, patch_size=16, num_labels=1000)  # vit-tiny
+            return ViTConfig(
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=128,
+                image_size=32,
+                patch_size=8,
+                num_labels=10,
+            )
+        return ViTConfig(
+            hidden_size=192,
+            num_hidden_layers=12,
+            num_attention_heads=3,
+            intermediate_size=768,
+            image_size=224,
+            patch_size=16,
+            num_labels=1000,
+        )  # vit-tiny
 
     return _hf(cfg, "ViTForImageClassification", image=32 if small else 224)
 
@@ -142,10 +174,22 @@ def _bert(small: bool):
 
     def cfg():
         if small:
-            return BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-                              vocab_size=512, max_position_embeddings=64)
-        return BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
-                          vocab_size=30522, max_position_embeddings=512)  # bert 4x256
+            return BertConfig(
+                hidden_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=128,
+                vocab_size=512,
+                max_position_embeddings=64,
+            )
+        return BertConfig(
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=1024,
+            vocab_size=30522,
+            max_position_embeddings=512,
+        )  # bert 4x256
 
     return _hf(cfg, "BertModel", seq=32 if small else 128)
 
@@ -155,8 +199,12 @@ def _gpt2(small: bool):
 
     def cfg():
         if small:
-            return GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=512, n_positions=64, use_cache=False)
-        return GPT2Config(n_embd=256, n_layer=4, n_head=4, vocab_size=50257, n_positions=256, use_cache=False)
+            return GPT2Config(
+                n_embd=64, n_layer=2, n_head=2, vocab_size=512, n_positions=64, use_cache=False
+            )
+        return GPT2Config(
+            n_embd=256, n_layer=4, n_head=4, vocab_size=50257, n_positions=256, use_cache=False
+        )
 
     return _hf(cfg, "GPT2Model", seq=32 if small else 128)
 
@@ -177,7 +225,9 @@ def _entries() -> dict[str, ZooEntry]:
         for small in (False, True):
             key = f"{name}-small" if small else name
             build, inputs = factory(small)
-            out[key] = ZooEntry(key, family, build, inputs, desc + (" (small test variant)" if small else ""))
+            out[key] = ZooEntry(
+                key, family, build, inputs, desc + (" (small test variant)" if small else "")
+            )
     return out
 
 

@@ -30,8 +30,10 @@ def max_abs_error(outputs, reference) -> float:
 
     if len(outputs) != len(reference):
         return float("inf")
-    return max(float(np.max(np.abs(np.asarray(o, dtype=np.float64) - r))) if r.size else 0.0
-               for o, r in zip(outputs, reference, strict=True))
+    return max(
+        float(np.max(np.abs(np.asarray(o, dtype=np.float64) - r))) if r.size else 0.0
+        for o, r in zip(outputs, reference, strict=True)
+    )
 
 
 def _bench_one(name: str, kind: str, make: Callable, reference) -> BenchRow:
@@ -70,23 +72,36 @@ def contenders(model, backends: list[str] | None, peers: list[str] | None, threa
         registry.get(b)  # unknown names fail here, before any work
     out: list[tuple[str, str, Callable]] = []
     for b in backends:
+
         def make(b=b):
             config = CompilationConfig.for_cpu([b], threads)
             plan = backend_plan(model.name, model.mod, model.graph, config, b)
             built = build_plan(plan, model.mod, model.graph)
             return built.prepare(model.inputs), built(model.inputs)
+
         out.append((f"partune {b}-only plan", "plan", make))
     for label, spec in p.peer_specs(model, tuple(peers or PEERS)).items():
-        out.append((label, "peer", lambda spec=spec: _peer(p.make_peer(spec, model.inputs, threads))))
+        out.append(
+            (label, "peer", lambda spec=spec: _peer(p.make_peer(spec, model.inputs, threads)))
+        )
     return out
 
 
-def bench(model, backends: list[str] | None = None, peers: list[str] | None = None,
-          threads: int = 1, progress: bool = False) -> list[BenchRow]:
+def bench(
+    model,
+    backends: list[str] | None = None,
+    peers: list[str] | None = None,
+    threads: int = 1,
+    progress: bool = False,
+) -> list[BenchRow]:
     from tqdm import tqdm
 
     todo = contenders(model, backends, peers, threads)
-    it = tqdm(todo, desc=f"bench {model.name}", unit="contender", file=sys.stderr) if progress else todo
+    it = (
+        tqdm(todo, desc=f"bench {model.name}", unit="contender", file=sys.stderr)
+        if progress
+        else todo
+    )
     return [_bench_one(name, kind, make, model.reference) for name, kind, make in it]
 
 
@@ -94,13 +109,17 @@ def format_table(rows: list[BenchRow]) -> str:
     """A Markdown table, fastest first."""
     ok = [r for r in rows if r.failure is None]
     best = min((r.median_ms for r in ok), default=float("nan"))
-    head = (f"| {'contender':<30} | {'kind':<4} | {'median ms':>9} | {'best ms':>9} | {'IQR ms':>7} | {'CPU ms':>8} "
-            f"| {'max abs err':>11} | {'x fastest':>9} |")
+    head = (
+        f"| {'contender':<30} | {'kind':<4} | {'median ms':>9} | {'best ms':>9} | {'IQR ms':>7} | {'CPU ms':>8} "
+        f"| {'max abs err':>11} | {'x fastest':>9} |"
+    )
     lines = [head, "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"]
     for r in sorted(rows, key=lambda r: (r.failure is not None, r.median_ms)):
         if r.failure:
             lines.append(f"| {r.name:<30} | {r.kind:<4} | failed: {r.failure} | | | | | |")
             continue
-        lines.append(f"| {r.name:<30} | {r.kind:<4} | {r.median_ms:9.3f} | {r.best_ms:9.3f} | {r.spread_ms:7.3f} | "
-                     f"{r.cpu_ms:8.3f} | {r.error:11.2e} | {r.median_ms / best:9.2f} |")
+        lines.append(
+            f"| {r.name:<30} | {r.kind:<4} | {r.median_ms:9.3f} | {r.best_ms:9.3f} | {r.spread_ms:7.3f} | "
+            f"{r.cpu_ms:8.3f} | {r.error:11.2e} | {r.median_ms / best:9.2f} |"
+        )
     return "\n".join(lines)

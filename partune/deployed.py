@@ -71,13 +71,17 @@ class Deployed:
         """``inputs`` as contiguous arrays, once they match the manifest's names, shapes and dtypes."""
         want = self.manifest["inputs"]
         if len(inputs) != len(want):
-            raise DeployError(f"{self.manifest['model']} takes {len(want)} inputs, got {len(inputs)}")
+            raise DeployError(
+                f"{self.manifest['model']} takes {len(want)} inputs, got {len(inputs)}"
+            )
         out = []
         for a, spec in zip(inputs, want, strict=True):
             a = np.ascontiguousarray(a)
             if list(a.shape) != spec["shape"] or str(a.dtype) != spec["dtype"]:
-                raise DeployError(f"input '{spec['name']}' must be {spec['dtype']}{spec['shape']}, "
-                                  f"got {a.dtype}{list(a.shape)}")
+                raise DeployError(
+                    f"input '{spec['name']}' must be {spec['dtype']}{spec['shape']}, "
+                    f"got {a.dtype}{list(a.shape)}"
+                )
             out.append(a)
         return out
 
@@ -110,15 +114,22 @@ def verify(path: Path) -> dict:
     except json.JSONDecodeError as e:
         raise DeployError(f"{mpath} is corrupt: {e}") from e
     if manifest.get("format") != FORMAT:
-        raise DeployError(f"{path}: deploy format {manifest.get('format')}, this Partune reads {FORMAT}")
+        raise DeployError(
+            f"{path}: deploy format {manifest.get('format')}, this Partune reads {FORMAT}"
+        )
     damaged = first_damaged(path, manifest["files"])
     if damaged:
         raise DeployError(f"{path}: {damaged}")
     here = deploy_environment(manifest["backends"])
-    diff = [f"{k} {v} (exported with {manifest['environment'].get(k)})" for k, v in here.items()
-            if manifest["environment"].get(k) != v]
+    diff = [
+        f"{k} {v} (exported with {manifest['environment'].get(k)})"
+        for k, v in here.items()
+        if manifest["environment"].get(k) != v
+    ]
     if diff:
-        raise DeployError(f"{path} was exported for another environment: this one has " + ", ".join(diff))
+        raise DeployError(
+            f"{path} was exported for another environment: this one has " + ", ".join(diff)
+        )
     return manifest
 
 
@@ -137,14 +148,21 @@ def load(path: str | Path, threads: int | None = None) -> Deployed:
 
         examples = [np.zeros(i["shape"], i["dtype"]) for i in manifest["inputs"]]
         try:
-            run = open_model_file(file["library"], (path / file["file"]).read_bytes(), examples, registry.threads())
+            run = open_model_file(
+                file["library"], (path / file["file"]).read_bytes(), examples, registry.threads()
+            )
         except ModelFileError as e:
             raise DeployError(f"{path}: {e}") from e
         return Deployed(None, None, manifest, path, file_run=run)
     for region in manifest["regions"]:
         func = tvm.ir.load_json((path / region["file"]).read_text())["region"]
-        scope = SEScope(region["device_type"], region["virtual_device_id"], backend=region["backend"],
-                        precision=region.get("precision"), threads=region.get("threads"))
+        scope = SEScope(
+            region["device_type"],
+            region["virtual_device_id"],
+            backend=region["backend"],
+            precision=region.get("precision"),
+            threads=region.get("threads"),
+        )
         kernel = registry.get(region["backend"]).build_region(func, scope, registry.threads())
         tvm.register_global_func(region["symbol"], kernel, override=True)
     lib = tvm.runtime.load_module(str(path / manifest["library"]))

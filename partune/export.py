@@ -44,7 +44,9 @@ def export(model, plan: Plan, out: str | Path, threads: int = 1) -> Path:
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     staging.mkdir(parents=True)
     try:
-        (_export_model_file if plan.model_file is not None else _export_regions)(model, plan, staging, threads)
+        (_export_model_file if plan.model_file is not None else _export_regions)(
+            model, plan, staging, threads
+        )
         _move_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -56,8 +58,8 @@ def _leftover_owner(path: Path, out: Path) -> int | None:
     """The process id in a staging (``.partial-PID``) or retired (``.old-PID``) folder's name."""
     for kind in ("partial", "old"):
         prefix = f".{out.name}.{kind}-"
-        if path.name.startswith(prefix) and path.name[len(prefix):].isdigit():
-            return int(path.name[len(prefix):])
+        if path.name.startswith(prefix) and path.name[len(prefix) :].isdigit():
+            return int(path.name[len(prefix) :])
     return None
 
 
@@ -86,24 +88,45 @@ def _export_regions(model, plan: Plan, out: Path, threads: int) -> Path:
     partitioned = partition_plan(plan, model.mod, model.graph, prefix="deploy")
     regions = []
     for func in partitioned.functions.values():
-        if not isinstance(func, relax.Function) or func.attrs is None or "Codegen" not in func.attrs:
+        if (
+            not isinstance(func, relax.Function)
+            or func.attrs is None
+            or "Codegen" not in func.attrs
+        ):
             continue
         symbol = str(func.attrs["global_symbol"])
         scope = json.loads(str(func.attrs[partition.SCOPE_ATTR]))
         name = f"regions/{symbol}.json"
         (out / name).write_text(tvm.ir.save_json(tvm.IRModule({"region": func})))
-        regions.append({"symbol": symbol, "backend": scope["backend"], "file": name,
-                        "device_type": scope.get("device_type") or "cpu",
-                        "virtual_device_id": scope.get("virtual_device_id") or 0}
-                       | {k: scope[k] for k in ("precision", "threads") if k in scope})  # bf16, fewer threads only
+        regions.append(
+            {
+                "symbol": symbol,
+                "backend": scope["backend"],
+                "file": name,
+                "device_type": scope.get("device_type") or "cpu",
+                "virtual_device_id": scope.get("virtual_device_id") or 0,
+            }
+            | {k: scope[k] for k in ("precision", "threads") if k in scope}
+        )  # bf16, fewer threads only
     for backend in plan.backends:
         install_codegen(backend)
-    lowered = relax.transform.RunCodegen()(partitioned).without_attr("const_name_to_constant")  # see build_plan
+    lowered = relax.transform.RunCodegen()(partitioned).without_attr(
+        "const_name_to_constant"
+    )  # see build_plan
     host = plan.config.host
     ex = main_compiler(plan).compile(lowered, host.tvm_target())  # type: ignore[attr-defined]
     ex.export_library(str(out / LIBRARY))
-    return _finish(model, plan, out, threads, {"library": LIBRARY, "regions": regions,
-                                                "backends": sorted({r["backend"] for r in regions})})
+    return _finish(
+        model,
+        plan,
+        out,
+        threads,
+        {
+            "library": LIBRARY,
+            "regions": regions,
+            "backends": sorted({r["backend"] for r in regions}),
+        },
+    )
 
 
 def _export_model_file(model, plan: Plan, out: Path, threads: int) -> Path:
@@ -114,8 +137,17 @@ def _export_model_file(model, plan: Plan, out: Path, threads: int) -> Path:
     build_model_file(plan, data, model.inputs, threads)  # the file is the plan's, and it loads
     (out / MODEL_FILE).write_bytes(data)
     library = plan.model_file.library
-    return _finish(model, plan, out, threads, {"model_file": plan.model_file.to_json() | {"file": MODEL_FILE},
-                                               "regions": [], "backends": [library]})
+    return _finish(
+        model,
+        plan,
+        out,
+        threads,
+        {
+            "model_file": plan.model_file.to_json() | {"file": MODEL_FILE},
+            "regions": [],
+            "backends": [library],
+        },
+    )
 
 
 def _finish(model, plan: Plan, out: Path, threads: int, contents: dict) -> Path:
@@ -127,13 +159,22 @@ def _finish(model, plan: Plan, out: Path, threads: int, contents: dict) -> Path:
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     host = plan.config.host
     manifest = {
-        "format": FORMAT, "model": model.name, "model_fingerprint": model.graph.fingerprint,
-        "reference": model.reference_source, "device_type": host.device_type or "cpu",
-        "target": host.to_json(), "threads": threads, "device_fingerprint": device_fingerprint(threads),
-        "environment": deploy_environment(contents["backends"]), "plan_backends": list(plan.backends),
-        "inputs": [{"name": p.name, "shape": list(a.shape), "dtype": str(a.dtype)}
-                   for p, a in zip(params, model.inputs, strict=True)],
-        **contents, "files": checksums(out, files),
+        "format": FORMAT,
+        "model": model.name,
+        "model_fingerprint": model.graph.fingerprint,
+        "reference": model.reference_source,
+        "device_type": host.device_type or "cpu",
+        "target": host.to_json(),
+        "threads": threads,
+        "device_fingerprint": device_fingerprint(threads),
+        "environment": deploy_environment(contents["backends"]),
+        "plan_backends": list(plan.backends),
+        "inputs": [
+            {"name": p.name, "shape": list(a.shape), "dtype": str(a.dtype)}
+            for p, a in zip(params, model.inputs, strict=True)
+        ],
+        **contents,
+        "files": checksums(out, files),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     # The partition for Netron (``partition_onnx``): written after the manifest, so it is not

@@ -25,8 +25,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # OpenVINO's names, in its per-layer counters, for kernels that are convolutions or GEMMs.
-GEMM_KERNELS = frozenset({"Convolution", "GroupConvolution", "FullyConnected", "MatMul", "Deconvolution",
-                          "ConvolutionBackpropData", "GroupConvolutionBackpropData"})
+GEMM_KERNELS = frozenset(
+    {
+        "Convolution",
+        "GroupConvolution",
+        "FullyConnected",
+        "MatMul",
+        "Deconvolution",
+        "ConvolutionBackpropData",
+        "GroupConvolutionBackpropData",
+    }
+)
 _CONVS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
 _TRANSPOSED = ("relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose")
 
@@ -46,7 +55,11 @@ def gemm_flops(func) -> float:
         name = call.op.name
         if name not in ("relax.matmul", *_CONVS, *_TRANSPOSED):
             continue
-        out, x, w = known_shape(b.var.ty), known_shape(call.args[0].ty), known_shape(call.args[1].ty)
+        out, x, w = (
+            known_shape(b.var.ty),
+            known_shape(call.args[0].ty),
+            known_shape(call.args[1].ty),
+        )
         if out is None or x is None or w is None:
             continue
         if name == "relax.matmul":  # [..., M, K] @ [..., K, N]: K products per output
@@ -72,8 +85,13 @@ def peak_gemm(threads: int):
     m, k, n = PEAK_SHAPE
     a = ops.parameter([m, k], np.float32)
     w = ops.constant(np.random.default_rng(0).standard_normal((k, n)).astype(np.float32))
-    request = openvino_core().compile_model(ov.Model([ops.matmul(a, w, False, False)], [a]), "CPU",
-                                    compile_config(threads)).create_infer_request()
+    request = (
+        openvino_core()
+        .compile_model(
+            ov.Model([ops.matmul(a, w, False, False)], [a]), "CPU", compile_config(threads)
+        )
+        .create_infer_request()
+    )
     request.set_input_tensor(ov.Tensor(np.ones((m, k), np.float32)))
     return request.infer
 
@@ -91,7 +109,11 @@ def openvino_gemm_s(data: bytes, inputs: list[np.ndarray], threads: int, wall_s:
     from partune.backends import compile_config, openvino_core, openvino_model
 
     config = compile_config(threads) | {"PERF_COUNT": True}
-    request = openvino_core().compile_model(openvino_model(data, inputs), "CPU", config).create_infer_request()
+    request = (
+        openvino_core()
+        .compile_model(openvino_model(data, inputs), "CPU", config)
+        .create_infer_request()
+    )
     for i, a in enumerate(inputs):
         request.set_input_tensor(i, ov.Tensor(np.ascontiguousarray(a)))
     for _ in range(3):
@@ -151,32 +173,62 @@ def measure(model, threads: int = 1) -> Headroom:
     runs, unavailable = {}, {}
     for library in ("onnxruntime", "openvino"):
         try:
-            runs[library] = open_model_file(library, data, model.inputs, threads).prepare(model.inputs)
+            runs[library] = open_model_file(library, data, model.inputs, threads).prepare(
+                model.inputs
+            )
         except ModelFileError as e:
             unavailable[library] = str(e)
     if not runs:
-        raise ModelFileError(f"no library can run {model.name}'s ONNX graph: " + "; ".join(unavailable.values()))
+        raise ModelFileError(
+            f"no library can run {model.name}'s ONNX graph: " + "; ".join(unavailable.values())
+        )
     # The peak is timed in the same rounds: a neighbour's load or a frequency change then
     # touches it as it touches the libraries.
-    timed = {label: m.median_s for label, m in time_interleaved(runs | {"peak": peak_gemm(threads)}, rounds=7).items()}
+    timed = {
+        label: m.median_s
+        for label, m in time_interleaved(runs | {"peak": peak_gemm(threads)}, rounds=7).items()
+    }
     peak_gflops = 2 * math.prod(PEAK_SHAPE) / timed.pop("peak") / 1e9
-    gemm_s = openvino_gemm_s(data, model.inputs, threads, timed["openvino"]) if "openvino" in runs else math.nan
-    return Headroom(model.name, threads, timed, gemm_flops(model.mod["main"]) / 1e9, peak_gflops, gemm_s,
-                    unavailable)
+    gemm_s = (
+        openvino_gemm_s(data, model.inputs, threads, timed["openvino"])
+        if "openvino" in runs
+        else math.nan
+    )
+    return Headroom(
+        model.name,
+        threads,
+        timed,
+        gemm_flops(model.mod["main"]) / 1e9,
+        peak_gflops,
+        gemm_s,
+        unavailable,
+    )
 
 
 def describe(h: Headroom) -> str:
     """A few lines a person reads before deciding whether to start a search."""
-    lines = [f"{h.model}: {h.threads} thread(s); " + ", ".join(
-        f"{lib} {s * 1e3:.3f} ms" for lib, s in sorted(h.libraries_s.items(), key=lambda kv: kv[1]))
-        + "".join(f"; {lib} unavailable ({why})" for lib, why in h.unavailable.items())]
-    lines.append(f"arithmetic  {h.gflop:.3f} GFLOP in convolutions and matmuls; this core's f32 GEMM peak "
-                 f"{h.peak_gflops:.0f} GFLOP/s: at least {h.floor_s * 1e3:.3f} ms for any f32 plan "
-                 f"(ceiling {h.ceiling:.2f}x {h.bar})")
+    lines = [
+        f"{h.model}: {h.threads} thread(s); "
+        + ", ".join(
+            f"{lib} {s * 1e3:.3f} ms"
+            for lib, s in sorted(h.libraries_s.items(), key=lambda kv: kv[1])
+        )
+        + "".join(f"; {lib} unavailable ({why})" for lib, why in h.unavailable.items())
+    ]
+    lines.append(
+        f"arithmetic  {h.gflop:.3f} GFLOP in convolutions and matmuls; this core's f32 GEMM peak "
+        f"{h.peak_gflops:.0f} GFLOP/s: at least {h.floor_s * 1e3:.3f} ms for any f32 plan "
+        f"(ceiling {h.ceiling:.2f}x {h.bar})"
+    )
     if not math.isnan(h.rest_free):
-        lines.append(f"openvino    {h.openvino_gemm_s * 1e3:.3f} ms of its time in GEMM kernels: {h.rest_free:.2f}x "
-                     "if everything else (every other op, border and call) cost nothing")
-    verdict = ("a search can hardly win here: the library already runs the arithmetic at about this core's speed"
-               if h.bound < 1.10 else "there is room for a plan to win")
+        lines.append(
+            f"openvino    {h.openvino_gemm_s * 1e3:.3f} ms of its time in GEMM kernels: {h.rest_free:.2f}x "
+            "if everything else (every other op, border and call) cost nothing"
+        )
+    verdict = (
+        "a search can hardly win here: the library already runs the arithmetic at about this core's speed"
+        if h.bound < 1.10
+        else "there is room for a plan to win"
+    )
     lines.append(f"headroom    at most {h.bound:.2f}x over {h.bar}: {verdict}")
     return "\n".join(lines)

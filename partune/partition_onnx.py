@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 
 FILE = "partition.onnx"
 PREFIX = "partune."
-BACKEND, REGION, SCOPE, BINDING, OP = (PREFIX + k for k in ("backend", "region", "scope", "binding", "op"))
+BACKEND, REGION, SCOPE, BINDING, OP = (
+    PREFIX + k for k in ("backend", "region", "scope", "binding", "op")
+)
 NODE_METADATA_IR = 10  # NodeProto.metadata_props is IR version 10 (ONNX 1.16)
 EXTERNAL_ABOVE = 1_800_000_000  # bytes: past this a protobuf cannot hold the weights (2 GiB limit)
 
@@ -76,9 +78,17 @@ class _Labeller:
     def __init__(self, plan: Plan, graph: DataflowGraph) -> None:
         self.graph = graph
         self.region_of = {n: k for k, r in enumerate(plan.regions) for n in r.nodes}
-        self.props = [{BACKEND: r.backend, REGION: str(k), SCOPE: json.dumps(r.scope.to_json(), sort_keys=True)}
-                      for k, r in enumerate(plan.regions)]
-        self.prefixes = [region_prefix(k, r.backend, len(plan.regions)) for k, r in enumerate(plan.regions)]
+        self.props = [
+            {
+                BACKEND: r.backend,
+                REGION: str(k),
+                SCOPE: json.dumps(r.scope.to_json(), sort_keys=True),
+            }
+            for k, r in enumerate(plan.regions)
+        ]
+        self.prefixes = [
+            region_prefix(k, r.backend, len(plan.regions)) for k, r in enumerate(plan.regions)
+        ]
 
     def __call__(self, index: int, binding: relax.VarBinding, g: OnnxGraph, start: int) -> None:
         if len(g.nodes) == start:  # nothing of its own (a tuple, an alias): an Identity shows it
@@ -89,7 +99,9 @@ class _Labeller:
         for k, node in enumerate(made):
             suffix = f"/{k}" if len(made) > 1 else ""
             node.name = f"{self.prefixes[region]}/{binding.var.name}{suffix}"
-            _set_props(node, self.props[region] | {BINDING: str(index), OP: self.graph.nodes[index].op})
+            _set_props(
+                node, self.props[region] | {BINDING: str(index), OP: self.graph.nodes[index].op}
+            )
 
 
 def _label_outputs(model: onnx.ModelProto) -> None:
@@ -101,8 +113,11 @@ def _label_outputs(model: onnx.ModelProto) -> None:
         source = producer.get(node.input[0]) if node.input else None
         if source is not None and source.name:
             node.name = f"{source.name.split('/')[0]}/{node.output[0]}"
-            _set_props(node, {e.key: e.value for e in source.metadata_props if e.key not in (OP, BINDING)}
-                       | {OP: "output"})
+            _set_props(
+                node,
+                {e.key: e.value for e in source.metadata_props if e.key not in (OP, BINDING)}
+                | {OP: "output"},
+            )
 
 
 def _unique_names(model: onnx.ModelProto) -> None:
@@ -125,9 +140,12 @@ def partition_onnx(plan: Plan, mod, graph: DataflowGraph) -> onnx.ModelProto:
     _unique_names(model)
     model.ir_version = max(model.ir_version, NODE_METADATA_IR)
     model.graph.name = plan.model
-    for key, value in ((PREFIX + "model", plan.model), (PREFIX + "fingerprint", plan.fingerprint),
-                       (PREFIX + "regions", str(len(plan.regions))),
-                       (PREFIX + "chosen_as", str(plan.notes.get("chosen_as", "")))):
+    for key, value in (
+        (PREFIX + "model", plan.model),
+        (PREFIX + "fingerprint", plan.fingerprint),
+        (PREFIX + "regions", str(len(plan.regions))),
+        (PREFIX + "chosen_as", str(plan.notes.get("chosen_as", ""))),
+    ):
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
     return model
@@ -142,7 +160,9 @@ def write_partition_onnx(plan: Plan, model, out: Path) -> Written:
         return Written(None, reason=f"the ONNX exporter cannot translate this model: {e}")
     path = Path(out) / FILE
     big = proto.ByteSize() > EXTERNAL_ABOVE
-    onnx.save_model(proto, str(path), save_as_external_data=big, location=FILE + ".data" if big else None)
+    onnx.save_model(
+        proto, str(path), save_as_external_data=big, location=FILE + ".data" if big else None
+    )
     return Written(path, nodes=len(proto.graph.node))
 
 
@@ -153,8 +173,10 @@ def read_regions(proto: onnx.ModelProto) -> dict[int, dict]:
         props = {e.key: e.value for e in node.metadata_props}
         if REGION not in props:  # (an output that is a graph input, returned as it came)
             continue
-        entry = regions.setdefault(int(props[REGION]), {"backend": props[BACKEND], "scope": props[SCOPE],
-                                                        "bindings": set()})
+        entry = regions.setdefault(
+            int(props[REGION]),
+            {"backend": props[BACKEND], "scope": props[SCOPE], "bindings": set()},
+        )
         if BINDING in props:
             entry["bindings"].add(int(props[BINDING]))
     return regions

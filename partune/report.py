@@ -35,8 +35,9 @@ def plot_history(end_to_end_s: dict[str, float], refine_values: list[float], pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2 if refine_values else 1, figsize=(12 if refine_values else 7, 4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, 2 if refine_values else 1, figsize=(12 if refine_values else 7, 4), squeeze=False
+    )
     labels = sorted(end_to_end_s, key=end_to_end_s.get)
     ax = axes[0][0]
     ax.barh(labels, [end_to_end_s[k] * 1e3 for k in labels], color="#4c72b0")
@@ -92,8 +93,9 @@ def plot_pareto(points: list[tuple[float, float]], front: list[dict], path: Path
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([t * 1e3 for t, _ in points], [m for _, m in points], "o",
-            color="#999999", label="variant")
+    ax.plot(
+        [t * 1e3 for t, _ in points], [m for _, m in points], "o", color="#999999", label="variant"
+    )
     fx = [f["latency_s"] * 1e3 for f in front]
     fy = [f["peak_bytes"] / 2**20 for f in front]
     ax.step(fx, fy, "-o", where="post", color="#d62728", label="Pareto front")
@@ -109,31 +111,49 @@ def plot_pareto(points: list[tuple[float, float]], front: list[dict], path: Path
 def _region_rows(storage: str, plan: Plan, model) -> tuple[list[RegionTime], list[str]]:
     """Per region its time and best alternative (from the store), and a label naming its ops."""
     if model is None:  # no graph: the plan's own costs, no alternatives
-        return ([RegionTime(k, r.backend, len(r.nodes), r.cost_s, False) for k, r in enumerate(plan.regions)],
-                [f"r{k:02d} {r.backend}" for k, r in enumerate(plan.regions)])
+        return (
+            [
+                RegionTime(k, r.backend, len(r.nodes), r.cost_s, False)
+                for k, r in enumerate(plan.regions)
+            ],
+            [f"r{k:02d} {r.backend}" for k, r in enumerate(plan.regions)],
+        )
     graph = model.graph
     wanted = {candidate_key(graph, tuple(sorted(r.nodes)), r.scope) for r in plan.regions}
-    rows = region_times(graph, plan, stored_measurements(storage, wanted) if storage != MEMORY else {})
+    rows = region_times(
+        graph, plan, stored_measurements(storage, wanted) if storage != MEMORY else {}
+    )
     labels = [f"r{k:02d} {region_label(graph, r.nodes, 32)}" for k, r in enumerate(plan.regions)]
     return rows, labels
 
 
 def _region_lines(rows: list[RegionTime], labels: list[str]) -> list[str]:
     """The Markdown section of the region plot: the picture, then the slowest regions as a table."""
-    lines = ["## Each region against its best alternative", "",
-             "Isolated times (best sample) from the measurement store: the region on its backend, and the "
-             "fastest other backend measured on the same nodes (exactly, or summed over measured runs of them).",
-             "", "![regions](regions.png)", ""]
+    lines = [
+        "## Each region against its best alternative",
+        "",
+        "Isolated times (best sample) from the measurement store: the region on its backend, and the "
+        "fastest other backend measured on the same nodes (exactly, or summed over measured runs of them).",
+        "",
+        "![regions](regions.png)",
+        "",
+    ]
     guessed = sum(not r.measured for r in rows)
     if guessed:
-        lines += [f"{guessed} of {len(rows)} regions have no stored measurement: their time is the plan's "
-                  f"cost (calibrated to the whole model), with no alternative.", ""]
+        lines += [
+            f"{guessed} of {len(rows)} regions have no stored measurement: their time is the plan's "
+            f"cost (calibrated to the whole model), with no alternative.",
+            "",
+        ]
     lines += ["| region | backend | us | best alternative | us |", "|---|---|---|---|---|"]
     slowest = sorted(rows, key=lambda r: -(r.time_s or 0.0))[:SHOWN]
     for r in sorted(slowest, key=lambda r: r.index):
         t = f"{r.time_s * 1e6:.1f}" if r.time_s is not None else "?"
-        alt = (f"{r.best.backend}{'' if r.best.exact else ' (cover)'} | {r.best.time_s * 1e6:.1f}"
-               if r.best is not None else "none measured | ")
+        alt = (
+            f"{r.best.backend}{'' if r.best.exact else ' (cover)'} | {r.best.time_s * 1e6:.1f}"
+            if r.best is not None
+            else "none measured | "
+        )
         lines.append(f"| {labels[r.index]} | {r.backend} | {t} | {alt} |")
     return lines + [""]
 
@@ -144,20 +164,28 @@ def _headline(study_name: str, plan: Plan) -> list[str]:
     lines = [f"# {plan.model}: tuning job '{study_name}'", ""]
     chosen = notes.get("chosen_as", "?")
     if plan.model_file is not None:
-        lines.append(f"Emitted plan: **{chosen}**: no partitioned plan beat the model's own ONNX graph "
-                     f"({plan.model_file.origin}) under {plan.model_file.library}, so that is the plan "
-                     f"(the best partitioned one, '{notes.get('best_partitioned')}', was slower).")
+        lines.append(
+            f"Emitted plan: **{chosen}**: no partitioned plan beat the model's own ONNX graph "
+            f"({plan.model_file.origin}) under {plan.model_file.library}, so that is the plan "
+            f"(the best partitioned one, '{notes.get('best_partitioned')}', was slower)."
+        )
     else:
-        lines.append(f"Emitted plan: **{chosen}**, {len(plan.regions)} regions over "
-                     f"{', '.join(plan.backends)}.")
+        lines.append(
+            f"Emitted plan: **{chosen}**, {len(plan.regions)} regions over "
+            f"{', '.join(plan.backends)}."
+        )
     if "speedup_vs_best_peer" in notes and plan.model_file is None:
         x = notes["speedup_vs_best_peer"]
-        lines.append(f"Against the best peer ({notes['best_peer']}): **{x:.2f}x** "
-                     f"({'faster' if x >= 1 else 'slower'}; medians of interleaved rounds in one process).")
+        lines.append(
+            f"Against the best peer ({notes['best_peer']}): **{x:.2f}x** "
+            f"({'faster' if x >= 1 else 'slower'}; medians of interleaved rounds in one process)."
+        )
     if notes.get("dp_estimate_s") and notes.get("end_to_end_s", {}).get(notes.get("dp_label")):
         est, meas = notes["dp_estimate_s"], notes["end_to_end_s"][notes["dp_label"]]
-        lines.append(f"DP estimate {est * 1e3:.3f} ms vs measured {meas * 1e3:.3f} ms ({est / meas - 1:+.0%}); "
-                     f"{notes.get('border_model', '')}.")
+        lines.append(
+            f"DP estimate {est * 1e3:.3f} ms vs measured {meas * 1e3:.3f} ms ({est / meas - 1:+.0%}); "
+            f"{notes.get('border_model', '')}."
+        )
     return lines
 
 
@@ -171,50 +199,90 @@ def _partition_lines(model, plan: Plan, out: Path) -> list[str]:
         lines += ["Zoomable: [graph.svg](graph.svg) (Graphviz source: graph.dot).", ""]
     written = write_partition_onnx(plan, model, out)
     if written.path is not None:
-        lines += [f"[{written.path.name}]({written.path.name}): the model's graph as ONNX ({written.nodes} "
-                  "nodes), each named after its region (`r03_openvino/...`) and carrying `partune.backend`, "
-                  "`partune.region` and `partune.scope` as node metadata: open it in Netron.", ""]
+        lines += [
+            f"[{written.path.name}]({written.path.name}): the model's graph as ONNX ({written.nodes} "
+            "nodes), each named after its region (`r03_openvino/...`) and carrying `partune.backend`, "
+            "`partune.region` and `partune.scope` as node metadata: open it in Netron.",
+            "",
+        ]
     else:
         lines += [f"No partition ONNX: {written.reason}.", ""]
     return lines
 
 
-def write_report(storage: str, study_name: str, plan: Plan, out: Path, model=None,
-                 refine_study: str | None = None) -> Path:
+def write_report(
+    storage: str,
+    study_name: str,
+    plan: Plan,
+    out: Path,
+    model=None,
+    refine_study: str | None = None,
+) -> Path:
     """Write ``out``/report.md and its PNGs for the job whose emitted plan is ``plan``
     (``refine_study``: the job's refinement study); returns the Markdown path."""
     notes = plan.notes
     out.mkdir(parents=True, exist_ok=True)
     trials = []
     if refine_study is not None:
-        trials = [t for t in optuna.load_study(study_name=refine_study, storage=storage).trials
-                  if t.state == optuna.trial.TrialState.COMPLETE and all(v < float("inf") for v in t.values)]
+        trials = [
+            t
+            for t in optuna.load_study(study_name=refine_study, storage=storage).trials
+            if t.state == optuna.trial.TrialState.COMPLETE
+            and all(v < float("inf") for v in t.values)
+        ]
     plot_history(notes.get("end_to_end_s", {}), [t.values[0] for t in trials], out / "history.png")
     front = [f for f in notes.get("pareto_front", []) if f.get("peak_bytes") is not None]
     if front:
-        plot_pareto([(t.values[0], t.values[1]) for t in trials if len(t.values) > 1], front, out / "pareto.png")
+        plot_pareto(
+            [(t.values[0], t.values[1]) for t in trials if len(t.values) > 1],
+            front,
+            out / "pareto.png",
+        )
     shares = plot_shares(plan, out / "shares.png")
     rows, labels = _region_rows(storage, plan, model)
     plot_region_times(rows, labels, out / "regions.png", COLOURS)
     lines = _headline(study_name, plan)
     lines += ["", "## What to try next", "", " ".join(next_steps(facts(plan, rows)))]
-    lines += ["", "## Finalists and peers (one process, interleaved)", "",
-              "| contender | median ms |", "|---|---|"]
-    lines += [f"| {k} | {v * 1e3:.3f} |" for k, v in sorted(notes.get("verdict_median_s", {}).items(),
-                                                            key=lambda kv: kv[1])]
+    lines += [
+        "",
+        "## Finalists and peers (one process, interleaved)",
+        "",
+        "| contender | median ms |",
+        "|---|---|",
+    ]
+    lines += [
+        f"| {k} | {v * 1e3:.3f} |"
+        for k, v in sorted(notes.get("verdict_median_s", {}).items(), key=lambda kv: kv[1])
+    ]
     lines += ["", *_partition_lines(model, plan, out), *_region_lines(rows, labels)]
-    lines += ["## Plans measured end to end", "", "![history](history.png)", "",
-              "## Where the time goes", "", "| backend | nodes | region time |", "|---|---|---|"]
+    lines += [
+        "## Plans measured end to end",
+        "",
+        "![history](history.png)",
+        "",
+        "## Where the time goes",
+        "",
+        "| backend | nodes | region time |",
+        "|---|---|---|",
+    ]
     total = sum(t for _, t in shares.values()) or 1.0
     lines += [f"| {b} | {n} | {t / total:.1%} |" for b, (n, t) in sorted(shares.items())]
     lines += ["", "![shares](shares.png)", ""]
     if front:
-        lines += ["## Latency vs peak memory (Pareto front)", "",
-                  "Each variant measured in a fresh process; memory is what the built plan keeps "
-                  "resident plus what its runs add.", "",
-                  "| plan file | best ms | peak MiB | backends |", "|---|---|---|---|"]
-        lines += [f"| PLAN.front{i}.json | {f['latency_s'] * 1e3:.3f} | {f['peak_bytes'] / 2**20:.1f} | "
-                  f"{'+'.join(f['backends'])} |" for i, f in enumerate(front, 1)]
+        lines += [
+            "## Latency vs peak memory (Pareto front)",
+            "",
+            "Each variant measured in a fresh process; memory is what the built plan keeps "
+            "resident plus what its runs add.",
+            "",
+            "| plan file | best ms | peak MiB | backends |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| PLAN.front{i}.json | {f['latency_s'] * 1e3:.3f} | {f['peak_bytes'] / 2**20:.1f} | "
+            f"{'+'.join(f['backends'])} |"
+            for i, f in enumerate(front, 1)
+        ]
         lines += ["", "![pareto](pareto.png)", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))

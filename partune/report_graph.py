@@ -17,8 +17,13 @@ from pathlib import Path
 
 from partune.core import DataflowGraph, Plan, region_order, short_op
 
-COLOURS = {"tvm": "#4c72b0", "tvm-tuned": "#64b5cd", "torch": "#dd8452", "onnxruntime": "#55a868",
-           "openvino": "#c44e52"}
+COLOURS = {
+    "tvm": "#4c72b0",
+    "tvm-tuned": "#64b5cd",
+    "torch": "#dd8452",
+    "onnxruntime": "#55a868",
+    "openvino": "#c44e52",
+}
 OTHER_COLOUR = "#8172b3"
 DETAILED_UP_TO = 120  # nodes: drawn one box each up to this
 MAX_BOXES = 150  # chains collapsed and still more boxes than this: one box per region
@@ -31,11 +36,13 @@ def colour(backend: str) -> str:
 
 def _light(hex_colour: str, keep: float = 0.22) -> str:
     """The colour mixed with white (``keep`` of it left): a cluster's background."""
-    rgb = [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
+    rgb = [int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)]
     return "#" + "".join(f"{round(255 - (255 - c) * keep):02x}" for c in rgb)
 
 
-def op_summary(graph: DataflowGraph, nodes: tuple[int, ...] | list[int], width: int = MAX_LINES) -> list[str]:
+def op_summary(
+    graph: DataflowGraph, nodes: tuple[int, ...] | list[int], width: int = MAX_LINES
+) -> list[str]:
     """A set of nodes in words: the op chain when short (``conv2d+add+relu``), else the
     most frequent ops with counts (``matmul x4``, ``add x6``, ``+3 more``)."""
     ops = [short_op(graph.nodes[n].op) for n in sorted(nodes)]
@@ -68,8 +75,12 @@ def _groups_by_chain(graph: DataflowGraph, region_of: dict[int, int]) -> list[li
     groups: list[list[int]] = []
     for node in graph.nodes:
         p = node.inputs[0] if len(node.inputs) == 1 else None
-        if (p is not None and region_of[p] == region_of[node.index] and graph.consumers[p] == (node.index,)
-                and groups[group_of[p]][-1] == p):
+        if (
+            p is not None
+            and region_of[p] == region_of[node.index]
+            and graph.consumers[p] == (node.index,)
+            and groups[group_of[p]][-1] == p
+        ):
             group_of[node.index] = group_of[p]
             groups[group_of[p]].append(node.index)
         else:
@@ -93,15 +104,28 @@ def boxes(graph: DataflowGraph, plan: Plan) -> list[Box]:
     out = []
     for i, g in enumerate(groups):
         region = region_of[g[0]]
-        feeds = dict.fromkeys(f"b{box_of[p]}" for n in g for p in graph.nodes[n].inputs if box_of[p] != i)
+        feeds = dict.fromkeys(
+            f"b{box_of[p]}" for n in g for p in graph.nodes[n].inputs if box_of[p] != i
+        )
         if len(g) == 1:
             node = graph.nodes[g[0]]
             shape = node.shapes[0] if len(node.shapes) == 1 and node.shapes[0] is not None else None
-            lines = [short_op(node.op)] + ([f"{'x'.join(map(str, shape)) or 'scalar'}"] if shape is not None else [])
+            lines = [short_op(node.op)] + (
+                [f"{'x'.join(map(str, shape)) or 'scalar'}"] if shape is not None else []
+            )
         else:
             lines = op_summary(graph, g) + [f"({len(g)} nodes)"]
-        out.append(Box(f"b{i}", tuple(g), region, plan.regions[region].backend, tuple(lines), tuple(feeds),
-                       any(n in outputs for n in g)))
+        out.append(
+            Box(
+                f"b{i}",
+                tuple(g),
+                region,
+                plan.regions[region].backend,
+                tuple(lines),
+                tuple(feeds),
+                any(n in outputs for n in g),
+            )
+        )
     return out
 
 
@@ -116,7 +140,9 @@ def region_caption(plan: Plan, k: int) -> str:
     """``r03 openvino, 12 us in model``: the region, its backend and the plan's cost of it
     inside the whole model (isolated times, in the region plot, include the call)."""
     r = plan.regions[k]
-    return f"r{k:02d} {r.backend}" + (f", {time_text(r.cost_s)} in model" if r.cost_s is not None else "")
+    return f"r{k:02d} {r.backend}" + (
+        f", {time_text(r.cost_s)} in model" if r.cost_s is not None else ""
+    )
 
 
 def has_dot() -> bool:
@@ -135,17 +161,43 @@ def draw_graph(graph: DataflowGraph, plan: Plan, out: Path) -> list[Path]:
 def _draw_graphviz(drawn: list[Box], plan: Plan, out: Path) -> list[Path]:
     import graphviz
 
-    dot = graphviz.Digraph(plan.model, graph_attr={"rankdir": "TB", "fontname": "Helvetica", "nodesep": "0.2",
-                                                   "ranksep": "0.3", "label": _title(drawn, plan), "labelloc": "t"},
-                           node_attr={"shape": "box", "style": "rounded,filled", "fontname": "Helvetica",
-                                      "fontsize": "10", "fontcolor": "white", "margin": "0.08,0.03"},
-                           edge_attr={"color": "#777777", "arrowsize": "0.6"})
+    dot = graphviz.Digraph(
+        plan.model,
+        graph_attr={
+            "rankdir": "TB",
+            "fontname": "Helvetica",
+            "nodesep": "0.2",
+            "ranksep": "0.3",
+            "label": _title(drawn, plan),
+            "labelloc": "t",
+        },
+        node_attr={
+            "shape": "box",
+            "style": "rounded,filled",
+            "fontname": "Helvetica",
+            "fontsize": "10",
+            "fontcolor": "white",
+            "margin": "0.08,0.03",
+        },
+        edge_attr={"color": "#777777", "arrowsize": "0.6"},
+    )
     for k in sorted({b.region for b in drawn}):
         with dot.subgraph(name=f"cluster_{k}") as c:
-            c.attr(label=region_caption(plan, k), style="rounded,filled", color=colour(plan.regions[k].backend),
-                   fillcolor=_light(colour(plan.regions[k].backend)), fontsize="10", fontname="Helvetica")
+            c.attr(
+                label=region_caption(plan, k),
+                style="rounded,filled",
+                color=colour(plan.regions[k].backend),
+                fillcolor=_light(colour(plan.regions[k].backend)),
+                fontsize="10",
+                fontname="Helvetica",
+            )
             for b in (b for b in drawn if b.region == k):
-                c.node(b.id, "\n".join(b.lines), fillcolor=colour(b.backend), peripheries="2" if b.output else "1")
+                c.node(
+                    b.id,
+                    "\n".join(b.lines),
+                    fillcolor=colour(b.backend),
+                    peripheries="2" if b.output else "1",
+                )
     for b in drawn:
         for src in b.inputs:
             dot.edge(src, b.id)
@@ -157,11 +209,17 @@ def _draw_graphviz(drawn: list[Box], plan: Plan, out: Path) -> list[Path]:
 
 def _title(drawn: list[Box], plan: Plan) -> str:
     nodes = sum(len(b.nodes) for b in drawn)
-    how = "one box per node" if len(drawn) == nodes else f"{len(drawn)} boxes (chains of one region collapsed)"
+    how = (
+        "one box per node"
+        if len(drawn) == nodes
+        else f"{len(drawn)} boxes (chains of one region collapsed)"
+    )
     return f"{plan.model}: {nodes} nodes, {len(plan.regions)} regions; {how}"
 
 
-def layers(drawn: list[Box], order: list[int], per_column: int = 40) -> dict[str, tuple[int, int, float]]:
+def layers(
+    drawn: list[Box], order: list[int], per_column: int = 40
+) -> dict[str, tuple[int, int, float]]:
     """A layered layout, region by region: per box (column, row, place in the row).
 
     Each region (in ``order``, topological) takes a band of rows of its own, its boxes
@@ -189,8 +247,12 @@ def layers(drawn: list[Box], order: list[int], per_column: int = 40) -> dict[str
         c, r = start[b.region]
         by_row.setdefault((c, r + local[b.id]), []).append(b)
     for (c, r), boxes_ in sorted(by_row.items()):
-        mean = {b.id: sum(place[s][2] for s in b.inputs if s in place) / max(len(b.inputs), 1) if b.inputs else i
-                for i, b in enumerate(boxes_)}
+        mean = {
+            b.id: sum(place[s][2] for s in b.inputs if s in place) / max(len(b.inputs), 1)
+            if b.inputs
+            else i
+            for i, b in enumerate(boxes_)
+        }
         boxes_.sort(key=lambda b: mean[b.id])
         for i, b in enumerate(boxes_):
             place[b.id] = (c, r, i - (len(boxes_) - 1) / 2)
@@ -224,15 +286,34 @@ def _draw_matplotlib(drawn: list[Box], plan: Plan, order: list[int], path: Path)
             ax.plot([x0, x1], [y0 - 0.3, y1 + 0.3], color="#888888", lw=0.6, zorder=1)
     for b in drawn:
         x, y = xy(b.id)
-        ax.text(x, y, "\n".join(b.lines[:2]), ha="center", va="center", fontsize=6, color="white", zorder=4,
-                bbox={"boxstyle": "round,pad=0.25", "fc": colour(b.backend),
-                      "ec": "black" if b.output else colour(b.backend), "lw": 1.2 if b.output else 0.5})
+        ax.text(
+            x,
+            y,
+            "\n".join(b.lines[:2]),
+            ha="center",
+            va="center",
+            fontsize=6,
+            color="white",
+            zorder=4,
+            bbox={
+                "boxstyle": "round,pad=0.25",
+                "fc": colour(b.backend),
+                "ec": "black" if b.output else colour(b.backend),
+                "lw": 1.2 if b.output else 0.5,
+            },
+        )
     ax.set_xlim(-1.3 - 1.2 * width, (columns - 1) * col_w + 1.3 + 1.2 * width)
     ax.set_ylim(-rows + 0.4, 0.9)
     ax.axis("off")
     used = sorted({b.backend for b in drawn})
-    ax.legend(handles=[Patch(color=colour(u), label=u) for u in used], loc="lower center", ncol=len(used),
-              frameon=False, bbox_to_anchor=(0.5, 1.0), fontsize=7)
+    ax.legend(
+        handles=[Patch(color=colour(u), label=u) for u in used],
+        loc="lower center",
+        ncol=len(used),
+        frameon=False,
+        bbox_to_anchor=(0.5, 1.0),
+        fontsize=7,
+    )
     ax.set_title(_title(drawn, plan), fontsize=9, pad=22)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -249,7 +330,18 @@ def _clusters(ax, drawn: list[Box], plan: Plan, place: dict, xy) -> None:
         pts = [xy(b.id) for b in mine]
         xs, ys = [x for x, _ in pts], [y for _, y in pts]
         back = colour(plan.regions[k].backend)
-        ax.add_patch(FancyBboxPatch((min(xs) - 1.15, min(ys) - 0.4), max(xs) - min(xs) + 2.3,
-                                    max(ys) - min(ys) + 0.9, boxstyle="round,pad=0.02",
-                                    fc=_light(back), ec=back, lw=0.8, zorder=0))
-        ax.text(min(xs) - 1.1, max(ys) + 0.3, region_caption(plan, k), fontsize=6, color=back, zorder=3)
+        ax.add_patch(
+            FancyBboxPatch(
+                (min(xs) - 1.15, min(ys) - 0.4),
+                max(xs) - min(xs) + 2.3,
+                max(ys) - min(ys) + 0.9,
+                boxstyle="round,pad=0.02",
+                fc=_light(back),
+                ec=back,
+                lw=0.8,
+                zorder=0,
+            )
+        )
+        ax.text(
+            min(xs) - 1.1, max(ys) + 0.3, region_caption(plan, k), fontsize=6, color=back, zorder=3
+        )

@@ -54,7 +54,11 @@ class RegionTime:
     @property
     def beaten(self) -> bool:
         """A measured alternative ran faster in isolation (the plan took this one anyway)."""
-        return self.best is not None and self.time_s is not None and self.best.time_s < MARGIN * self.time_s
+        return (
+            self.best is not None
+            and self.time_s is not None
+            and self.best.time_s < MARGIN * self.time_s
+        )
 
 
 def stored_measurements(storage: str, wanted: set[str]) -> dict[str, Measurement]:
@@ -101,17 +105,26 @@ class _Costs:
     def untuned(self, nodes: tuple[int, ...], scope: SEScope) -> float | None:
         """The measured untuned time when these nodes were never tuned (else None)."""
         m = self.measured.get(self.key(nodes, scope))
-        return m.cost_s if m is not None and m.ok and self.key(nodes, scope) not in self.tuned else None
+        return (
+            m.cost_s
+            if m is not None and m.ok and self.key(nodes, scope) not in self.tuned
+            else None
+        )
 
 
 def _autotuned(backend: str | None) -> bool:
     try:
         return backend is not None and registry.get(backend).autotuned
-    except (registry.UnknownBackendError, ImportError):  # not one this installation has: not one to tune
+    except (
+        registry.UnknownBackendError,
+        ImportError,
+    ):  # not one this installation has: not one to tune
         return False
 
 
-def region_times(graph: DataflowGraph, plan: Plan, measured: dict[str, Measurement]) -> list[RegionTime]:
+def region_times(
+    graph: DataflowGraph, plan: Plan, measured: dict[str, Measurement]
+) -> list[RegionTime]:
     """Per region of ``plan``: its isolated time, the fastest other backend on its nodes, and
     (when TVM tuning never ran on them) tuned TVM's estimate if it would beat the region: the
     untuned time over the usual speed-up of its kind of op (as the search's tuning order
@@ -135,7 +148,9 @@ def region_times(graph: DataflowGraph, plan: Plan, measured: dict[str, Measureme
                 best = Alternative(s.backend or str(s), t, math.isfinite(exact))
         estimate = None
         untuned = costs.untuned(nodes, native) if not _autotuned(r.backend) else None
-        if untuned is not None and not any(costs.key(nodes, s) in costs.tuned for s in plan.config.primitives):
+        if untuned is not None and not any(
+            costs.key(nodes, s) in costs.tuned for s in plan.config.primitives
+        ):
             guess = floor + max(untuned - floor, 0.0) / expected_speedup(anchor_kind(graph, nodes))
             estimate = guess if time_s is not None and guess < MARGIN * time_s else None
         rows.append(RegionTime(k, r.backend, len(nodes), time_s, from_store, best, estimate))
@@ -169,14 +184,25 @@ def facts(plan: Plan, rows: list[RegionTime]) -> Facts:
         slower = part_s / file_s if file_s and part_s else None
     inputs = str(notes.get("inputs_from", "model"))
     return Facts(
-        regions=len(rows), compared=sum(r.measured for r in rows), would_win_tuned=sum(r.tuned_estimate_s is not None for r in rows),
-        tuning_offered=any(_autotuned(b) for b in plan.config.backends), beaten=sum(r.beaten for r in rows),
-        model_file=plan.model_file.library if plan.model_file else None, partitioned_slower=slower,
-        best_peer=notes.get("best_peer"), speedup_vs_best_peer=notes.get("speedup_vs_best_peer"),
-        tuned_saving_s=sum(r.time_s - r.tuned_estimate_s for r in rows if r.tuned_estimate_s is not None
-                           and r.time_s is not None), regions_s=sum(r.time_s for r in rows if r.time_s is not None),
+        regions=len(rows),
+        compared=sum(r.measured for r in rows),
+        would_win_tuned=sum(r.tuned_estimate_s is not None for r in rows),
+        tuning_offered=any(_autotuned(b) for b in plan.config.backends),
+        beaten=sum(r.beaten for r in rows),
+        model_file=plan.model_file.library if plan.model_file else None,
+        partitioned_slower=slower,
+        best_peer=notes.get("best_peer"),
+        speedup_vs_best_peer=notes.get("speedup_vs_best_peer"),
+        tuned_saving_s=sum(
+            r.time_s - r.tuned_estimate_s
+            for r in rows
+            if r.tuned_estimate_s is not None and r.time_s is not None
+        ),
+        regions_s=sum(r.time_s for r in rows if r.time_s is not None),
         random_inputs=(inputs.removeprefix("random").strip(" ()") or "no reason given")
-        if inputs.startswith("random") else None)
+        if inputs.startswith("random")
+        else None,
+    )
 
 
 def _us(seconds: float) -> str:
@@ -191,34 +217,66 @@ def next_steps(f: Facts) -> list[str]:
     """At most two plain sentences on what to try next, each backed by ``f``, most useful first."""
     out = []
     if f.model_file is not None:
-        by = f" (the best partitioned one was {f.partitioned_slower:.2f}x slower)" if f.partitioned_slower else ""
-        out.append(f"The plan is the model's own file under {f.model_file}: no partitioned mix beat it{by}.")
+        by = (
+            f" (the best partitioned one was {f.partitioned_slower:.2f}x slower)"
+            if f.partitioned_slower
+            else ""
+        )
+        out.append(
+            f"The plan is the model's own file under {f.model_file}: no partitioned mix beat it{by}."
+        )
     if f.random_inputs is not None:
-        out.append(f"Candidates were measured on random inputs ({f.random_inputs}); times of data-dependent "
-                   f"ops may differ on real data.")
+        out.append(
+            f"Candidates were measured on random inputs ({f.random_inputs}); times of data-dependent "
+            f"ops may differ on real data."
+        )
     if f.would_win_tuned and f.tuned_saving_s >= MIN_SHARE * f.regions_s:
         of = f" of the regions' {_us(f.regions_s)}, timed alone" if f.regions_s else ""
-        how = "raise --tune-budget" if f.tuning_offered else "set --tune-budget (it adds the tvm-tuned backend)"
-        out.append(f"{how[0].upper()}{how[1:]}: {_regions(f.would_win_tuned)} would run faster under tuned TVM "
-                   f"if tuning brings its usual speed-up (about {_us(f.tuned_saving_s)} saved{of}).")
-    if f.speedup_vs_best_peer is not None and f.speedup_vs_best_peer < 1 and f.best_peer and f.model_file is None:
-        out.append(f"{f.best_peer} runs this model {1 / f.speedup_vs_best_peer:.2f}x faster than the plan: "
-                   f"use it for this model.")
+        how = (
+            "raise --tune-budget"
+            if f.tuning_offered
+            else "set --tune-budget (it adds the tvm-tuned backend)"
+        )
+        out.append(
+            f"{how[0].upper()}{how[1:]}: {_regions(f.would_win_tuned)} would run faster under tuned TVM "
+            f"if tuning brings its usual speed-up (about {_us(f.tuned_saving_s)} saved{of})."
+        )
+    if (
+        f.speedup_vs_best_peer is not None
+        and f.speedup_vs_best_peer < 1
+        and f.best_peer
+        and f.model_file is None
+    ):
+        out.append(
+            f"{f.best_peer} runs this model {1 / f.speedup_vs_best_peer:.2f}x faster than the plan: "
+            f"use it for this model."
+        )
     if f.beaten:
-        out.append(f"{_regions(f.beaten)} of {f.regions} had an alternative that measured faster alone; the "
-                   f"whole-plan measurements chose otherwise, and more --refine-trials try other mixes.")
+        out.append(
+            f"{_regions(f.beaten)} of {f.regions} had an alternative that measured faster alone; the "
+            f"whole-plan measurements chose otherwise, and more --refine-trials try other mixes."
+        )
     if not out and not f.compared:
-        out.append("No region could be held against its alternatives: the measurement store has none of "
-                   "the plan's regions (or the model could not be loaded).")
+        out.append(
+            "No region could be held against its alternatives: the measurement store has none of "
+            "the plan's regions (or the model could not be loaded)."
+        )
     if not out:
-        vs = (f"; the plan runs {f.speedup_vs_best_peer:.2f}x as fast as {f.best_peer}"
-              if f.speedup_vs_best_peer is not None and f.best_peer else "")
-        out.append(f"Nothing measured points to an easy gain: no other backend ran any region's nodes "
-                   f"in under {MARGIN:.0%} of its time{vs}.")
+        vs = (
+            f"; the plan runs {f.speedup_vs_best_peer:.2f}x as fast as {f.best_peer}"
+            if f.speedup_vs_best_peer is not None and f.best_peer
+            else ""
+        )
+        out.append(
+            f"Nothing measured points to an easy gain: no other backend ran any region's nodes "
+            f"in under {MARGIN:.0%} of its time{vs}."
+        )
     return out[:2]
 
 
-def plot_region_times(rows: list[RegionTime], labels: list[str], path: Path, colours: dict[str, str]) -> None:
+def plot_region_times(
+    rows: list[RegionTime], labels: list[str], path: Path, colours: dict[str, str]
+) -> None:
     """Per region (the ``SHOWN`` slowest): its time on its backend, beside the best alternative
     measured for the same nodes and, where it would win, tuned TVM's estimate."""
     import matplotlib
@@ -227,17 +285,34 @@ def plot_region_times(rows: list[RegionTime], labels: list[str], path: Path, col
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    shown = sorted((r for r in rows if r.time_s is not None), key=lambda r: -(r.time_s or 0.0))[:SHOWN]
+    shown = sorted((r for r in rows if r.time_s is not None), key=lambda r: -(r.time_s or 0.0))[
+        :SHOWN
+    ]
     shown.sort(key=lambda r: r.index)
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.32 * max(len(shown), 1)))
     ys = list(range(len(shown)))
     grey = "#bbbbbb"
-    ax.barh([y - 0.2 for y in ys], [r.time_s * 1e6 for r in shown], height=0.38,
-            color=[colours.get(r.backend, grey) for r in shown])
+    ax.barh(
+        [y - 0.2 for y in ys],
+        [r.time_s * 1e6 for r in shown],
+        height=0.38,
+        color=[colours.get(r.backend, grey) for r in shown],
+    )
     alt = [(y, r.best) for y, r in zip(ys, shown, strict=True) if r.best is not None]
-    ax.barh([y + 0.2 for y, _ in alt], [a.time_s * 1e6 for _, a in alt], height=0.38,
-            color=[colours.get(a.backend, grey) for _, a in alt], alpha=0.45, hatch="//", edgecolor="white")
-    est = [(y, r.tuned_estimate_s) for y, r in zip(ys, shown, strict=True) if r.tuned_estimate_s is not None]
+    ax.barh(
+        [y + 0.2 for y, _ in alt],
+        [a.time_s * 1e6 for _, a in alt],
+        height=0.38,
+        color=[colours.get(a.backend, grey) for _, a in alt],
+        alpha=0.45,
+        hatch="//",
+        edgecolor="white",
+    )
+    est = [
+        (y, r.tuned_estimate_s)
+        for y, r in zip(ys, shown, strict=True)
+        if r.tuned_estimate_s is not None
+    ]
     if est:
         ax.plot([e * 1e6 for _, e in est], [y for y, _ in est], "k*", label="tuned TVM, estimated")
     ax.set_yticks(ys, [labels[r.index] for r in shown], fontsize=7)

@@ -43,13 +43,51 @@ __all__ = [
     "unpin_search_process",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "accuracy": ("has_bf16",),
-    "build_pool": ("BuildPool", "Lookahead", "split_cores", "unpin_search_process",),
-    "builder": ("build_model_file", "build_plan", "calibration_module", "compare_request", "install_codegen", "main_compiler", "overhead_request", "partition_plan", "plan_request", "region_request", "tune_request",),
-    "local": ("LocalRunner",),
-    "peers": ("BF16_PEERS", "DEFAULT_PEERS", "LIBRARY_PEERS", "PEER_LABELS", "available_peers", "model_onnx", "model_origin", "peer_kind", "peer_label", "peer_specs",),
-    "rpc": ("RPCRunner", "serve",),
-    "runner": ("Runner",),
-    "timing": ("Measurement", "time_callable", "time_interleaved",),
-})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "accuracy": ("has_bf16",),
+        "build_pool": (
+            "BuildPool",
+            "Lookahead",
+            "split_cores",
+            "unpin_search_process",
+        ),
+        "builder": (
+            "build_model_file",
+            "build_plan",
+            "calibration_module",
+            "compare_request",
+            "install_codegen",
+            "main_compiler",
+            "overhead_request",
+            "partition_plan",
+            "plan_request",
+            "region_request",
+            "tune_request",
+        ),
+        "local": ("LocalRunner",),
+        "peers": (
+            "BF16_PEERS",
+            "DEFAULT_PEERS",
+            "LIBRARY_PEERS",
+            "PEER_LABELS",
+            "available_peers",
+            "model_onnx",
+            "model_origin",
+            "peer_kind",
+            "peer_label",
+            "peer_specs",
+        ),
+        "rpc": (
+            "RPCRunner",
+            "serve",
+        ),
+        "runner": ("Runner",),
+        "timing": (
+            "Measurement",
+            "time_callable",
+            "time_interleaved",
+        ),
+    },
+)

@@ -30,7 +30,10 @@ def has_bf16(plan: Plan) -> bool:
 
 def f32_twin(plan: Plan) -> Plan:
     """``plan`` with every region computing in f32 (the reference its error is measured against)."""
-    return replace(plan, regions=tuple(replace(r, scope=replace(r.scope, precision=None)) for r in plan.regions))
+    return replace(
+        plan,
+        regions=tuple(replace(r, scope=replace(r.scope, precision=None)) for r in plan.regions),
+    )
 
 
 def held_out_inputs(inputs: Sequence[np.ndarray], seed: int = HELD_OUT_SEED) -> list[np.ndarray]:
@@ -67,7 +70,10 @@ def relative_error(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray
     return worst
 
 
-def plan_error(run: Callable[[list[np.ndarray]], list[np.ndarray]],
-               reference: Callable[[list[np.ndarray]], list[np.ndarray]], inputs: list[np.ndarray]) -> float:
+def plan_error(
+    run: Callable[[list[np.ndarray]], list[np.ndarray]],
+    reference: Callable[[list[np.ndarray]], list[np.ndarray]],
+    inputs: list[np.ndarray],
+) -> float:
     """``run``'s largest relative error against ``reference`` on ``inputs`` and on the held-out set."""
     return max(relative_error(run(x), reference(x)) for x in (inputs, held_out_inputs(inputs)))

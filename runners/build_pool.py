@@ -68,8 +68,11 @@ def available_cpus() -> list[int]:
     cpuset says what the machine lends; the affinity mask counts where it says nothing.
     """
     mine = set(os.sched_getaffinity(0))
-    for path in ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/fs/cgroup/cpuset/cpuset.effective_cpus",
-                 "/sys/fs/cgroup/cpuset/cpuset.cpus"):
+    for path in (
+        "/sys/fs/cgroup/cpuset.cpus.effective",
+        "/sys/fs/cgroup/cpuset/cpuset.effective_cpus",
+        "/sys/fs/cgroup/cpuset/cpuset.cpus",
+    ):
         with contextlib.suppress(OSError, ValueError):
             with open(path) as f:
                 text = f.read().strip()
@@ -113,10 +116,17 @@ def unpin_search_process() -> None:
 class BuildPool:
     """Processes that build region requests into a build cache ahead of their measurement."""
 
-    def __init__(self, cache_dir: str, workers: int = 1, *, threads: int = 1,
-                 cpus: Iterable[int] | None = None, timeout_s: float = 300.0,
-                 max_builds: int | None = memory.MAX_REQUESTS,
-                 max_rss_bytes: int | None = memory.default_rss_limit()) -> None:
+    def __init__(
+        self,
+        cache_dir: str,
+        workers: int = 1,
+        *,
+        threads: int = 1,
+        cpus: Iterable[int] | None = None,
+        timeout_s: float = 300.0,
+        max_builds: int | None = memory.MAX_REQUESTS,
+        max_rss_bytes: int | None = memory.default_rss_limit(),
+    ) -> None:
         """``workers`` processes (0: no pool, every call does nothing) on ``cpus`` (default:
         the cores ``split_cores(threads)`` leaves to the pool; none left means no pool).
         ``threads`` is the measuring runner's thread count: what is built for it is what it
@@ -138,10 +148,20 @@ class BuildPool:
         self._state: dict[str, str] = {}
         self._closed = False
         self._starting = max(0, int(workers)) if self.cpus else 0
-        self._runners = [LocalRunner(timeout_s, threads, cpus=self.cpus, max_requests=max_builds,
-                                     max_rss_bytes=max_rss_bytes) for _ in range(self.workers)]
-        self._threads = [threading.Thread(target=self._serve, args=(r,), daemon=True,
-                                          name=f"build-pool-{i}") for i, r in enumerate(self._runners)]
+        self._runners = [
+            LocalRunner(
+                timeout_s,
+                threads,
+                cpus=self.cpus,
+                max_requests=max_builds,
+                max_rss_bytes=max_rss_bytes,
+            )
+            for _ in range(self.workers)
+        ]
+        self._threads = [
+            threading.Thread(target=self._serve, args=(r,), daemon=True, name=f"build-pool-{i}")
+            for i, r in enumerate(self._runners)
+        ]
         if self.workers:
             os.makedirs(self.cache_dir, exist_ok=True)
             build_cache.remove_stale(self.cache_dir)
@@ -217,10 +237,12 @@ class BuildPool:
     def summary(self) -> str:
         """One line for the user: what the pool built and how often the measurer waited for it."""
         st = self.stats
-        line = (f"build pool on core(s) {','.join(map(str, self.cpus))}: {st['stored']} region(s) built "
-                f"ahead, {st['taken back'] + st['left to the measurer']} left to the measurer, "
-                f"{st['failed']} failed; the measurer waited {st['waited']} time(s), "
-                f"{st['wait_ms'] / 1e3:.1f} s in all")
+        line = (
+            f"build pool on core(s) {','.join(map(str, self.cpus))}: {st['stored']} region(s) built "
+            f"ahead, {st['taken back'] + st['left to the measurer']} left to the measurer, "
+            f"{st['failed']} failed; the measurer waited {st['waited']} time(s), "
+            f"{st['wait_ms'] / 1e3:.1f} s in all"
+        )
         return line + (f" (last failure: {self.errors[-1]})" if self.errors else "")
 
     @property
@@ -292,7 +314,11 @@ class BuildPool:
             while True:
                 with self._cond:
                     idle_until = time.monotonic() + IDLE_S
-                    while not self._closed and not self._queue and (left := idle_until - time.monotonic()) > 0:
+                    while (
+                        not self._closed
+                        and not self._queue
+                        and (left := idle_until - time.monotonic()) > 0
+                    ):
                         self._cond.wait(left)
                     if self._closed:
                         return
@@ -300,7 +326,9 @@ class BuildPool:
                     if key is not None:
                         request = self._pending.pop(key)
                         self._state[key] = _BUILDING
-                if key is None:  # nothing to build for a while: the worker goes, a request starts a new one
+                if (
+                    key is None
+                ):  # nothing to build for a while: the worker goes, a request starts a new one
                     runner.close()
                     continue
                 try:
@@ -311,14 +339,23 @@ class BuildPool:
                     ok = isinstance(reply, BuildReply)
                     self._state[key] = _DONE if ok else _FAILED
                     if isinstance(reply, BuildReply):
-                        self.stats["stored" if reply.build.cache.startswith("stored")
-                                   else "built, not stored"] += 1
+                        self.stats[
+                            "stored"
+                            if reply.build.cache.startswith("stored")
+                            else "built, not stored"
+                        ] += 1
                     else:
                         self.stats["failed"] += 1
-                        why = reply.error if isinstance(reply, ErrorReply) else f"a '{reply.kind}' reply"
+                        why = (
+                            reply.error
+                            if isinstance(reply, ErrorReply)
+                            else f"a '{reply.kind}' reply"
+                        )
                         self.errors = [*self.errors[-9:], why]
                     self._cond.notify_all()
-                cannot_start = isinstance(reply, ErrorReply) and reply.error == "worker could not start"
+                cannot_start = (
+                    isinstance(reply, ErrorReply) and reply.error == "worker could not start"
+                )
                 failed_starts = failed_starts + 1 if cannot_start else 0
                 if failed_starts >= _START_FAILURES:
                     return
@@ -355,13 +392,22 @@ class Lookahead(Generic[K]):
     and eight of them ahead took the search process from 3 to 5.5 GB.
     """
 
-    def __init__(self, pool: BuildPool | None, order: Sequence[K], make: Callable[[K], RegionRequest],
-                 window: int = 8, wait_s: float | None = None, max_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self,
+        pool: BuildPool | None,
+        order: Sequence[K],
+        make: Callable[[K], RegionRequest],
+        window: int = 8,
+        wait_s: float | None = None,
+        max_bytes: int = 256 << 20,
+    ) -> None:
         self.pool = pool if pool is not None and pool.enabled else None
         self.make = make
         self.window = window
         self.max_bytes = max_bytes
-        self.wait_s = wait_s if wait_s is not None else (pool.timeout_s if pool is not None else 0.0)
+        self.wait_s = (
+            wait_s if wait_s is not None else (pool.timeout_s if pool is not None else 0.0)
+        )
         self._order = list(order)
         self._pos = {k: i for i, k in enumerate(self._order)}
         self._made: dict[K, RegionRequest] = {}
@@ -375,7 +421,7 @@ class Lookahead(Generic[K]):
             del self._made[k]  # measured already, or found in the store
         held = sum(_size(r) for r in self._made.values())
         new = []
-        for k in self._order[max(self._ahead, i + 1):min(len(self._order), i + 1 + self.window)]:
+        for k in self._order[max(self._ahead, i + 1) : min(len(self._order), i + 1 + self.window)]:
             if held >= self.max_bytes:
                 break
             self._made[k] = req = self._attach(self.make(k))

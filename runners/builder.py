@@ -75,11 +75,19 @@ def main_compiler(plan: Plan):
     return next((b for b in inline if b.autotuned), registry.get(registry.NATIVE))
 
 
-def partition_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph, prefix: str) -> tvm.IRModule:
+def partition_plan(
+    plan: Plan, mod: tvm.IRModule, graph: DataflowGraph, prefix: str
+) -> tvm.IRModule:
     """``plan`` applied to ``mod`` with the registry's codegens; tuned TVM regions keep their
     borders (``partune.core.partition``), so they run the workloads that were tuned."""
-    return partition.apply(plan, mod, graph, lambda b: registry.get(b).codegen, prefix=prefix,
-                           bordered=lambda b: registry.get(b).autotuned)
+    return partition.apply(
+        plan,
+        mod,
+        graph,
+        lambda b: registry.get(b).codegen,
+        prefix=prefix,
+        bordered=lambda b: registry.get(b).autotuned,
+    )
 
 
 def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltModel:
@@ -101,7 +109,6 @@ def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltMode
     return BuiltModel(relax.VirtualMachine(ex, device), device, partitioned)
 
 
-
 def build_model_file(plan: Plan, data: bytes, inputs: list[np.ndarray], threads: int):
     """A model-file plan (``Plan.model_file``): the model's own ONNX bytes under its library.
 
@@ -115,14 +122,23 @@ def build_model_file(plan: Plan, data: bytes, inputs: list[np.ndarray], threads:
     if file is None:
         raise PlanError("not a model-file plan")
     if file.sha256 is not None and sha256(data) != file.sha256:
-        raise PlanError(f"the plan runs another ONNX file (sha256 {file.sha256[:12]}..., "
-                        f"this one is {sha256(data)[:12]}...)")
+        raise PlanError(
+            f"the plan runs another ONNX file (sha256 {file.sha256[:12]}..., "
+            f"this one is {sha256(data)[:12]}...)"
+        )
     return open_model_file(file.library, data, inputs, threads)
 
 
-def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...],
-                   scope: SEScope, protocol: dict | None = None, values: dict | None = None,
-                   build_cache: str | None = None, model_file: Path | None = None) -> RegionRequest:
+def region_request(
+    mod: tvm.IRModule,
+    graph: DataflowGraph,
+    nodes: tuple[int, ...],
+    scope: SEScope,
+    protocol: dict | None = None,
+    values: dict | None = None,
+    build_cache: str | None = None,
+    model_file: Path | None = None,
+) -> RegionRequest:
     """A request to measure ``nodes`` of main in isolation on ``scope``.
 
     The region is lifted into a function of its own (``region_module``) and shipped as TVM
@@ -140,11 +156,20 @@ def region_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ..
     nodes = tuple(sorted(nodes))
     func, args = _lift(mod, graph, nodes)
     arrays = region_inputs(args, values) if values is not None else None
-    module = (ModelRef(file=str(model_file), nodes=nodes) if model_file is not None
-              else ModelRef(text=tvm.ir.save_json(tvm.IRModule({"region": func}))))
-    return RegionRequest(scope.backend, scope, module, "region", Protocol(**(protocol or {})),
-                         build_cache=build_cache or None,
-                         inputs=tuple(encode_array(a) for a in arrays) if arrays is not None else None)
+    module = (
+        ModelRef(file=str(model_file), nodes=nodes)
+        if model_file is not None
+        else ModelRef(text=tvm.ir.save_json(tvm.IRModule({"region": func})))
+    )
+    return RegionRequest(
+        scope.backend,
+        scope,
+        module,
+        "region",
+        Protocol(**(protocol or {})),
+        build_cache=build_cache or None,
+        inputs=tuple(encode_array(a) for a in arrays) if arrays is not None else None,
+    )
 
 
 def region_module(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...]) -> tvm.IRModule:
@@ -153,45 +178,73 @@ def region_module(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...
     return tvm.IRModule({"region": _lift(mod, graph, tuple(sorted(nodes)))[0]})
 
 
-def _lift(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...]) -> tuple[relax.Function, list]:
+def _lift(
+    mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...]
+) -> tuple[relax.Function, list]:
     bindings = main_bindings(mod["main"])
     exits = [bindings[n].var for n in partition.region_exits(graph, set(nodes))]
     func, args, _ = partition.lift_region([bindings[n] for n in nodes], exits, "region", {})
     return func, args
 
 
-def tune_request(mod: tvm.IRModule, graph: DataflowGraph, nodes: tuple[int, ...], scope: SEScope,
-                 trials: int, timeout_s: float) -> TuneRequest:
+def tune_request(
+    mod: tvm.IRModule,
+    graph: DataflowGraph,
+    nodes: tuple[int, ...],
+    scope: SEScope,
+    trials: int,
+    timeout_s: float,
+) -> TuneRequest:
     """A request to tune ``nodes`` of main for ``scope``'s (autotuned) backend."""
     req = region_request(mod, graph, nodes, scope)
     return TuneRequest(req.backend, req.scope, req.module, req.function, trials, timeout_s)
 
 
-def plan_request(model: str | Path, plan: Plan, inputs: list[np.ndarray],
-                 protocol: dict | None = None, fresh: bool = False) -> PlanRequest:
+def plan_request(
+    model: str | Path,
+    plan: Plan,
+    inputs: list[np.ndarray],
+    protocol: dict | None = None,
+    fresh: bool = False,
+) -> PlanRequest:
     """A request to build and time the whole model under ``plan``: ``model`` is its
     ``tvm.ir.save_json`` text, or a file holding it (``partune.runners.module_file``).
 
     ``fresh``: measure in a new worker process, so the peak memory reported is this
     plan's alone (a local runner restarts its worker; slower by the worker's start-up).
     """
-    return PlanRequest(ModelRef.of(model), plan, tuple(encode_array(a) for a in inputs),
-                       Protocol(**(protocol or {})), fresh)
+    return PlanRequest(
+        ModelRef.of(model),
+        plan,
+        tuple(encode_array(a) for a in inputs),
+        Protocol(**(protocol or {})),
+        fresh,
+    )
 
 
-def compare_request(model: str | Path, plans: dict[str, Plan], peers: dict[str, dict],
-                    inputs: list[np.ndarray], rounds: int = 5) -> CompareRequest:
+def compare_request(
+    model: str | Path,
+    plans: dict[str, Plan],
+    peers: dict[str, dict],
+    inputs: list[np.ndarray],
+    rounds: int = 5,
+) -> CompareRequest:
     """A request to time plans and peers (``partune.runners.peers`` specs) in one process,
     interleaved; ``model`` as for ``plan_request``."""
     contenders: dict[str, Plan | dict] = {**plans, **peers}
-    return CompareRequest(ModelRef.of(model), contenders, tuple(encode_array(a) for a in inputs), rounds)
+    return CompareRequest(
+        ModelRef.of(model), contenders, tuple(encode_array(a) for a in inputs), rounds
+    )
 
 
-def capture_request(model: str | Path, inputs: list[np.ndarray], backends: list[str], out_file: Path) -> CaptureRequest:
+def capture_request(
+    model: str | Path, inputs: list[np.ndarray], backends: list[str], out_file: Path
+) -> CaptureRequest:
     """A request to capture the values the model computes inside on ``inputs`` into ``out_file``
     (``partune.runners.capture``); ``model`` as for ``plan_request``."""
-    return CaptureRequest(ModelRef.of(model), tuple(encode_array(a) for a in inputs), tuple(backends),
-                          str(out_file))
+    return CaptureRequest(
+        ModelRef.of(model), tuple(encode_array(a) for a in inputs), tuple(backends), str(out_file)
+    )
 
 
 def calibration_module() -> tvm.IRModule:
@@ -207,5 +260,10 @@ def calibration_module() -> tvm.IRModule:
 
 def overhead_request(scope: SEScope, protocol: dict | None = None) -> RegionRequest:
     """A request timing the calibration model's only node as an isolated region on ``scope``."""
-    return RegionRequest(scope.backend, scope, ModelRef(text=tvm.ir.save_json(calibration_module())), "main",
-                         Protocol(**(protocol or {})))
+    return RegionRequest(
+        scope.backend,
+        scope,
+        ModelRef(text=tvm.ir.save_json(calibration_module())),
+        "main",
+        Protocol(**(protocol or {})),
+    )

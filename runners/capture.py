@@ -41,11 +41,16 @@ def _op_name(binding: relax.Binding) -> str:
     from partune.core import short_op
 
     op = getattr(getattr(binding.value, "op", None), "name", None)
-    return short_op(op[len("relax."):]) if isinstance(op, str) and op.startswith("relax.") else "a non-op value"
+    return (
+        short_op(op[len("relax.") :])
+        if isinstance(op, str) and op.startswith("relax.")
+        else "a non-op value"
+    )
 
 
-def capture_values(mod: tvm.IRModule, graph: DataflowGraph, inputs: list[np.ndarray],
-                   backends: list[str]) -> Values:
+def capture_values(
+    mod: tvm.IRModule, graph: DataflowGraph, inputs: list[np.ndarray], backends: list[str]
+) -> Values:
     """Every tensor (and tuple of tensors) bound in main, from one run on ``inputs``.
 
     Keys are main's own variables (its parameters included), so a region lifted out of
@@ -71,23 +76,31 @@ def capture_values(mod: tvm.IRModule, graph: DataflowGraph, inputs: list[np.ndar
             scope = SEScope("cpu", 0, cpu_target(registry.threads()), "global", name)
             kernel = backend.build_region(whole, scope, registry.threads())
         except Exception as e:  # noqa: BLE001 - try the next backend
-            errors.append(f"{name}: {clean_error(last_line(e, 120))}")  # read by people: no class names
+            errors.append(
+                f"{name}: {clean_error(last_line(e, 120))}"
+            )  # read by people: no class names
             continue
         by_param = dict(zip(func.params, inputs, strict=True))
         ins = [tvm.runtime.tensor(by_param[a]) for a in args]
-        outs = [tvm.runtime.tensor(np.empty(static_shape(t), str(t.dtype))) for v in exits for t in tensor_types(v.ty)]
+        outs = [
+            tvm.runtime.tensor(np.empty(static_shape(t), str(t.dtype)))
+            for v in exits
+            for t in tensor_types(v.ty)
+        ]
         kernel(*ins, *outs)
         values: Values = dict(by_param)
         k = 0
         for v in exits:
             if isinstance(v.ty, relax.TupleType):
-                values[v] = [o.numpy() for o in outs[k:k + len(v.ty.fields)]]
+                values[v] = [o.numpy() for o in outs[k : k + len(v.ty.fields)]]
                 k += len(v.ty.fields)
             else:
                 values[v] = outs[k].numpy()
                 k += 1
         return values
-    raise RuntimeError("no backend could build the whole model to capture its values: " + "; ".join(errors))
+    raise RuntimeError(
+        "no backend could build the whole model to capture its values: " + "; ".join(errors)
+    )
 
 
 def region_inputs(args: list[relax.Expr], values: Values) -> list[np.ndarray] | None:
@@ -110,7 +123,9 @@ def save_values(values: Values, func: relax.Function, path: str) -> None:
     """``values`` (of ``func``, main) into an .npz by position, the same in any copy of the model
     (a worker's parse of the model file): parameter i as ``p{i}``, binding j as ``b{j}``, a tuple's
     field k as ``b{j}.{k}``."""
-    arrays: dict[str, np.ndarray] = {f"p{i}": values[p] for i, p in enumerate(func.params) if p in values}
+    arrays: dict[str, np.ndarray] = {
+        f"p{i}": values[p] for i, p in enumerate(func.params) if p in values
+    }
     for j, b in enumerate(main_bindings(func)):
         value = values.get(b.var)
         if isinstance(value, list):

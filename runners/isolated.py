@@ -22,8 +22,9 @@ from partune.runners.timing import Measurement, over_rounds
 QUIET_S = 0.05  # before each turn: spinning pools (ORT, OpenMP, TBB) park within a few ms
 
 
-def compare_isolated(request: CompareRequest, runner_for: Callable[[], Runner],
-                     timeout_s: float | None = None) -> dict[str, Measurement]:
+def compare_isolated(
+    request: CompareRequest, runner_for: Callable[[], Runner], timeout_s: float | None = None
+) -> dict[str, Measurement]:
     """``request``'s contenders, each in its own runner from ``runner_for``, in alternating
     rounds of one turn each. A contender that fails is not tried again."""
     labels = list(request.contenders)
@@ -31,7 +32,7 @@ def compare_isolated(request: CompareRequest, runner_for: Callable[[], Runner],
     rows: dict[str, list[Measurement]] = {label: [] for label in labels}
     try:
         for r in range(request.rounds):
-            for label in labels[r % len(labels):] + labels[:r % len(labels)]:
+            for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
                 if rows[label] and not rows[label][-1].ok:
                     continue
                 time.sleep(QUIET_S)

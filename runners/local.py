@@ -53,8 +53,10 @@ from partune.runners.timing import Measurement
 from partune.runners.worker_main import CPUS_ENV, RSS_LIMIT_ENV
 
 # Crash-handler output (TVM's backtrace, Python's faulthandler) that only restates the signal.
-_NOISE = re.compile(r'File "|!{3}|Traceback \(most recent call|(?:Current thread|Thread) 0x|Stack \(most recent|'
-                    r"Extension modules:|<no Python frame>|Fatal Python error: (?:Segmentation fault|Aborted|Bus error)")
+_NOISE = re.compile(
+    r'File "|!{3}|Traceback \(most recent call|(?:Current thread|Thread) 0x|Stack \(most recent|'
+    r"Extension modules:|<no Python frame>|Fatal Python error: (?:Segmentation fault|Aborted|Bus error)"
+)
 _SIZES = struct.calcsize("<QQ")  # what follows each reply: the worker's resident size and peak
 
 
@@ -62,9 +64,15 @@ class LocalRunner(Runner):
     startup_timeout_s = 300.0  # importing TVM and torch on a loaded machine
     reads_local_files = True
 
-    def __init__(self, timeout_s: float = 120.0, threads: int = 1,
-                 cpus: Iterable[int] | None = None, *, max_requests: int | None = memory.MAX_REQUESTS,
-                 max_rss_bytes: int | None = memory.default_rss_limit()) -> None:
+    def __init__(
+        self,
+        timeout_s: float = 120.0,
+        threads: int = 1,
+        cpus: Iterable[int] | None = None,
+        *,
+        max_requests: int | None = memory.MAX_REQUESTS,
+        max_rss_bytes: int | None = memory.default_rss_limit(),
+    ) -> None:
         """``max_rss_bytes``: replace the worker when it is resident above this after a request
         (default: 3 GiB, or a quarter of the machine where less); ``max_requests``: after this
         many requests, whatever its size (slow growth the size check would catch late). None:
@@ -83,15 +91,25 @@ class LocalRunner(Runner):
         self._log = tempfile.TemporaryFile()
 
     def _spawn(self) -> None:
-        env = dict(os.environ, TVM_NUM_THREADS=str(self.threads), OMP_NUM_THREADS=str(self.threads),
-                   PYTHONWARNINGS="ignore", **{RSS_LIMIT_ENV: str(self.max_rss_bytes or 0)})
+        env = dict(
+            os.environ,
+            TVM_NUM_THREADS=str(self.threads),
+            OMP_NUM_THREADS=str(self.threads),
+            PYTHONWARNINGS="ignore",
+            **{RSS_LIMIT_ENV: str(self.max_rss_bytes or 0)},
+        )
         if self.cpus:
             env |= {CPUS_ENV: ",".join(map(str, self.cpus)), "TVM_BIND_THREADS": "0"}
         self._log.seek(0)
         self._log.truncate()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "partune.runners.worker_main"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._log, env=env, start_new_session=True)
+            [sys.executable, "-m", "partune.runners.worker_main"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+            start_new_session=True,
+        )
         self._ready, self._served = False, 0
 
     def _start(self) -> subprocess.Popen:
@@ -147,8 +165,9 @@ class LocalRunner(Runner):
         """
         self.peak_rss_bytes, self.rss_bytes = max(self.peak_rss_bytes, peak), rss
         self._served += 1
-        if ((self.max_rss_bytes and rss > self.max_rss_bytes)
-                or (self.max_requests and self._served >= self.max_requests)):
+        if (self.max_rss_bytes and rss > self.max_rss_bytes) or (
+            self.max_requests and self._served >= self.max_requests
+        ):
             self.close()
             self.recycled += 1
             try:
@@ -195,7 +214,9 @@ class LocalRunner(Runner):
             deadline = time.monotonic() + limit
             assert proc.stdin is not None
             proc.stdin.write(struct.pack("<I", len(data)))
-            proc.stdin.write(data)  # not joined to its header: a copy fewer of a whole model (0.6 GB at 12 layers)
+            proc.stdin.write(
+                data
+            )  # not joined to its header: a copy fewer of a whole model (0.6 GB at 12 layers)
             del data
             proc.stdin.flush()
             size = struct.unpack("<I", self._read(4, deadline))[0]
@@ -218,7 +239,9 @@ class LocalRunner(Runner):
         self._recycle(*struct.unpack("<QQ", body[size:]))
         return reply
 
-    def captured(self, mod: Any, graph: Any, inputs: list, backends: list[str], model_file: Path | None) -> dict:
+    def captured(
+        self, mod: Any, graph: Any, inputs: list, backends: list[str], model_file: Path | None
+    ) -> dict:
         """The model's values, computed by the worker from ``model_file`` and read back from an
         .npz: the whole-model build (BERT-768 at 12 layers took the search process from 2.1 to
         3.5 GB) and any crash in it are the worker's, not the search's."""
@@ -238,7 +261,9 @@ class LocalRunner(Runner):
     def available_bytes(self) -> int | None:
         return memory.available_bytes()  # the worker runs on this machine
 
-    def compare(self, request: CompareRequest, timeout_s: float | None = None) -> dict[str, Measurement]:
+    def compare(
+        self, request: CompareRequest, timeout_s: float | None = None
+    ) -> dict[str, Measurement]:
         """At one thread, in this runner's worker, interleaved. At more, each contender in a
         worker of its own, one running at a time (``partune.runners.isolated``): a library's
         idle threads must not slow the contender after it."""
@@ -247,8 +272,11 @@ class LocalRunner(Runner):
         made: list[LocalRunner] = []
 
         def runner_for() -> LocalRunner:  # not recycled: it keeps its contender built across rounds
-            made.append(LocalRunner(self.timeout_s, self.threads, self.cpus,
-                                    max_requests=None, max_rss_bytes=None))
+            made.append(
+                LocalRunner(
+                    self.timeout_s, self.threads, self.cpus, max_requests=None, max_rss_bytes=None
+                )
+            )
             return made[-1]
 
         try:

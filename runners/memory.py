@@ -24,7 +24,9 @@ from partune.core import trim  # noqa: F401 - workers call memory.trim
 
 GiB = 1 << 30
 MAX_RSS_BYTES = 3 * GiB  # a worker resident above this after a request is replaced
-MAX_REQUESTS = 2000  # ... and after this many, whatever its size: what size misses (threads, file handles)
+MAX_REQUESTS = (
+    2000  # ... and after this many, whatever its size: what size misses (threads, file handles)
+)
 
 _cleared = {"peak": 0}  # the highest high-water mark ``reset_peak`` has cleared in this process
 

@@ -31,8 +31,12 @@ from partune.runners.protocol import (
     Request,
 )
 
-_PARSED: dict[tuple[str, int, int], dict[str, Any]] = {}  # (path, mtime, size) -> its IRModule (and graph); one kept
-LIFTED = 4096  # bytes: a constant this large goes to the parameter file, smaller ones stay in the JSON
+_PARSED: dict[
+    tuple[str, int, int], dict[str, Any]
+] = {}  # (path, mtime, size) -> its IRModule (and graph); one kept
+LIFTED = (
+    4096  # bytes: a constant this large goes to the parameter file, smaller ones stay in the JSON
+)
 _PREFIX = "__partune_const_"  # the parameters that stand for lifted constants
 
 
@@ -56,7 +60,11 @@ def read(path: str | Path) -> Any:
 
     mod = tvm.ir.load_json(Path(path).read_text())
     params = _params_of(Path(path))
-    return bind_constants(mod, tvm.runtime.load_param_dict_from_file(str(params))) if params.exists() else mod
+    return (
+        bind_constants(mod, tvm.runtime.load_param_dict_from_file(str(params)))
+        if params.exists()
+        else mod
+    )
 
 
 def _params_of(path: Path) -> Path:
@@ -78,7 +86,12 @@ def lift_constants(mod: Any) -> tuple[Any, dict[str, Any]]:
 
         def visit_generic_const_(self, op: Any) -> Any:
             data = op.value
-            if int(tvm.runtime.DataType(data.dtype).bits) // 8 * math.prod(int(d) for d in data.shape) < LIFTED:
+            if (
+                int(tvm.runtime.DataType(data.dtype).bits)
+                // 8
+                * math.prod(int(d) for d in data.shape)
+                < LIFTED
+            ):
                 return op
             var = relax.Var(f"{_PREFIX}{len(self.params)}", op.ty)
             self.params[var.name] = data
@@ -92,7 +105,9 @@ def lift_constants(mod: Any) -> tuple[Any, dict[str, Any]]:
             lift = _Lift(params)
             body = lift.visit_expr(func.body)
             if lift.new:
-                func = relax.Function([*func.params, *lift.new], body, None, func.is_pure, func.attrs, func.span)
+                func = relax.Function(
+                    [*func.params, *lift.new], body, None, func.is_pure, func.attrs, func.span
+                )
         functions[gv] = func
     return (tvm.IRModule(functions, attrs=mod.attrs) if params else mod), params
 
@@ -103,7 +118,11 @@ def bind_constants(mod: Any, params: dict[str, Any]) -> Any:
 
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
-            mine = {p.name: params[p.name] for p in func.params if p.name.startswith(_PREFIX) and p.name in params}
+            mine = {
+                p.name: params[p.name]
+                for p in func.params
+                if p.name.startswith(_PREFIX) and p.name in params
+            }
             if mine:
                 mod = relax.transform.BindParams(gv.name_hint, mine)(mod)
     return mod
@@ -121,9 +140,12 @@ def inlined(request: Request) -> Request:
         import tvm
 
         request = replace(request, module=ModelRef(text=tvm.ir.save_json(region(request))))
-    if isinstance(request, CompareRequest) and any(isinstance(c, dict) and "onnx_file" in c
-                                                   for c in request.contenders.values()):
-        request = replace(request, contenders={label: _inline_onnx(c) for label, c in request.contenders.items()})
+    if isinstance(request, CompareRequest) and any(
+        isinstance(c, dict) and "onnx_file" in c for c in request.contenders.values()
+    ):
+        request = replace(
+            request, contenders={label: _inline_onnx(c) for label, c in request.contenders.items()}
+        )
     return request
 
 

@@ -44,7 +44,9 @@ def torch_eager(module, inputs: list[np.ndarray], threads: int) -> Runnable:
     return run
 
 
-def torch_compile(module, inputs: list[np.ndarray], threads: int, precision: str = "f32") -> Runnable:
+def torch_compile(
+    module, inputs: list[np.ndarray], threads: int, precision: str = "f32"
+) -> Runnable:
     """torch.compile (inductor, default mode); compiled once here, before timing. ``bf16``: run
     under CPU autocast, as a torch user asks for bfloat16 (matmuls and convolutions in bf16)."""
     call = _compiled_call(module, threads, precision)
@@ -64,13 +66,18 @@ def _compiled_call(module, threads: int, precision: str) -> Callable[[tuple], ob
     compiled = torch.compile(module)
 
     def call(args: tuple):
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        with (
+            torch.inference_mode(),
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"),
+        ):
             return compiled(*args)
 
     return call
 
 
-def _torch_outputs(module, threads: int, precision: str) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+def _torch_outputs(
+    module, threads: int, precision: str
+) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
     """The compiled module as a function of numpy inputs to float32 numpy outputs (for its error)."""
     import torch
 
@@ -79,8 +86,10 @@ def _torch_outputs(module, threads: int, precision: str) -> Callable[[list[np.nd
     call = _compiled_call(module, threads, precision)
 
     def run(inputs: list[np.ndarray]) -> list[np.ndarray]:
-        out = torch.utils._pytree.tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point()
-                                           else t, call(_torch_args(inputs)))
+        out = torch.utils._pytree.tree_map(
+            lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t,
+            call(_torch_args(inputs)),
+        )
         return flatten_outputs(out)
 
     return run
@@ -103,7 +112,10 @@ def onnx_export(module, inputs: list[np.ndarray]) -> bytes:
 
 def user_onnx(model) -> bool:
     """Whether ``model`` came as an ONNX file (asked without reading it)."""
-    return getattr(model, "onnx_file", None) is not None or getattr(model, "onnx_data", None) is not None
+    return (
+        getattr(model, "onnx_file", None) is not None
+        or getattr(model, "onnx_data", None) is not None
+    )
 
 
 def model_origin(model) -> str:
@@ -129,9 +141,14 @@ def model_onnx(model) -> bytes:
 # The peers: graph-level libraries on the model's ONNX graph (``partune.backends.model_file``, the
 # very code a model-file plan deploys with), and torch on the module.
 LIBRARY_PEERS = LIBRARIES
-PEER_LABELS = {"onnxruntime": "onnxruntime", "openvino": "openvino",
-               "torch.compile": "torch.compile (inductor)", "torch": "torch eager", "openvino bf16": "openvino bf16",
-               "torch.compile bf16": "torch.compile bf16 (inductor, autocast)"}
+PEER_LABELS = {
+    "onnxruntime": "onnxruntime",
+    "openvino": "openvino",
+    "torch.compile": "torch.compile (inductor)",
+    "torch": "torch eager",
+    "openvino bf16": "openvino bf16",
+    "torch.compile bf16": "torch.compile bf16 (inductor, autocast)",
+}
 DEFAULT_PEERS = ("onnxruntime", "openvino", "torch.compile")
 # With --precision bf16, the peers at that precision too: OpenVINO's bf16 (its own default on
 # CPUs with bf16 instructions) and torch.compile under bf16 autocast, timed like the rest and
@@ -159,15 +176,21 @@ def peer_label(kind: str, model) -> str:
 
 def peer_kind(label: str) -> str | None:
     """The peer kind of a label made by ``peer_label`` (None: not a peer's label)."""
-    return next((k for k in PEER_LABELS if label == PEER_LABELS[k] or label.startswith(f"{k} (")), None)
+    return next(
+        (k for k in PEER_LABELS if label == PEER_LABELS[k] or label.startswith(f"{k} (")), None
+    )
 
 
 def available_peers(model, wanted: tuple[str, ...]) -> tuple[str, ...]:
     """The peer kinds of ``wanted`` that ``model`` can have at all (torch needs the module)."""
-    return tuple(k for k in wanted if k in PEER_LABELS and (_library(k) or model.torch_module is not None))
+    return tuple(
+        k for k in wanted if k in PEER_LABELS and (_library(k) or model.torch_module is not None)
+    )
 
 
-def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS, folder: str | Path | None = None) -> dict[str, dict]:
+def peer_specs(
+    model, wanted: tuple[str, ...] = DEFAULT_PEERS, folder: str | Path | None = None
+) -> dict[str, dict]:
     """Specs of the peers a user of ``model`` would pick instead of Partune.
 
     onnxruntime and OpenVINO run ``model_onnx(model)``: the user's own file, else an export
@@ -198,20 +221,27 @@ def peer_specs(model, wanted: tuple[str, ...] = DEFAULT_PEERS, folder: str | Pat
     for kind in ("torch.compile", "torch", "torch.compile bf16"):
         if kind in available_peers(model, wanted):
             try:
-                specs[peer_label(kind, model)] = _kind_fields(kind) | {"module": torch_recipe(model)}
+                specs[peer_label(kind, model)] = _kind_fields(kind) | {
+                    "module": torch_recipe(model)
+                }
             except Exception as e:  # noqa: BLE001 - a module with no recipe
-                specs[peer_label(kind, model)] = {"kind": "unavailable",
-                                                  "why": f"cannot ship the module: {last_line(e, 160)}"}
+                specs[peer_label(kind, model)] = {
+                    "kind": "unavailable",
+                    "why": f"cannot ship the module: {last_line(e, 160)}",
+                }
     return specs
 
 
 def make_peer(spec: dict, inputs: list[np.ndarray], threads: int) -> Runnable:
     """Build a peer from its spec, ready to time (compilation happens here, untimed)."""
     if spec["kind"] in LIBRARY_PEERS:
-        return open_model_file(spec["kind"], _onnx_of(spec), inputs, threads,
-                               spec.get("precision", "f32")).prepare(inputs)
+        return open_model_file(
+            spec["kind"], _onnx_of(spec), inputs, threads, spec.get("precision", "f32")
+        ).prepare(inputs)
     if spec["kind"] == "torch.compile":
-        return torch_compile(rebuild_module(spec["module"]), inputs, threads, spec.get("precision", "f32"))
+        return torch_compile(
+            rebuild_module(spec["module"]), inputs, threads, spec.get("precision", "f32")
+        )
     if spec["kind"] == "torch":
         return torch_eager(rebuild_module(spec["module"]), inputs, threads)
     raise RuntimeError(spec.get("why", f"unknown peer kind {spec['kind']}"))
@@ -219,7 +249,11 @@ def make_peer(spec: dict, inputs: list[np.ndarray], threads: int) -> Runnable:
 
 def _onnx_of(spec: dict) -> bytes:
     """A library peer's ONNX model: from its file, or from the spec itself."""
-    return Path(spec["onnx_file"]).read_bytes() if "onnx_file" in spec else base64.b64decode(spec["onnx"])
+    return (
+        Path(spec["onnx_file"]).read_bytes()
+        if "onnx_file" in spec
+        else base64.b64decode(spec["onnx"])
+    )
 
 
 def peer_error(spec: dict, inputs: list[np.ndarray], threads: int) -> float | None:
@@ -231,11 +265,17 @@ def peer_error(spec: dict, inputs: list[np.ndarray], threads: int) -> float | No
 
     if spec["kind"] == "torch.compile":
         module = rebuild_module(spec["module"])
-        return plan_error(_torch_outputs(module, threads, spec["precision"]), _torch_outputs(module, threads, "f32"),
-                          inputs)
+        return plan_error(
+            _torch_outputs(module, threads, spec["precision"]),
+            _torch_outputs(module, threads, "f32"),
+            inputs,
+        )
     data = _onnx_of(spec)
-    return plan_error(open_model_file(spec["kind"], data, inputs, threads, spec["precision"]),
-                      open_model_file(spec["kind"], data, inputs, threads), inputs)
+    return plan_error(
+        open_model_file(spec["kind"], data, inputs, threads, spec["precision"]),
+        open_model_file(spec["kind"], data, inputs, threads),
+        inputs,
+    )
 
 
 def weights_digest(module) -> str:
@@ -270,6 +310,8 @@ def rebuild_module(recipe: dict):
     else:
         raise RuntimeError("a torch peer with neither a zoo name nor an ExportedProgram")
     if weights_digest(module) != recipe.get("digest"):
-        raise RuntimeError("the rebuilt torch module's weights differ from the searched model's "
-                           "(a different partune or torch on the device?)")
+        raise RuntimeError(
+            "the rebuilt torch module's weights differ from the searched model's "
+            "(a different partune or torch on the device?)"
+        )
     return module

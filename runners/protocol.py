@@ -54,8 +54,10 @@ _TUPLE: _Codec = (list, tuple)  # backend names
 _PLAN: _Codec = (Plan.to_json, Plan.from_json)
 _SETTINGS: _Codec = (Settings.to_json, Settings.from_json)
 _MEASUREMENT: _Codec = (Measurement.to_json, lambda d: Measurement(**d))
-_MEASUREMENTS: _Codec = (lambda ms: {label: m.to_json() for label, m in ms.items()},
-                         lambda d: {label: Measurement(**m) for label, m in d.items()})
+_MEASUREMENTS: _Codec = (
+    lambda ms: {label: m.to_json() for label, m in ms.items()},
+    lambda d: {label: Measurement(**m) for label, m in d.items()},
+)
 
 
 def _contender_to_json(c: Plan | dict) -> dict:
@@ -66,8 +68,10 @@ def _contender_from_json(d: dict) -> Plan | dict:
     return Plan.from_json(d["plan"]) if d.get("kind") == "plan" else dict(d)
 
 
-_CONTENDERS: _Codec = (lambda cs: {label: _contender_to_json(c) for label, c in cs.items()},
-                       lambda d: {label: _contender_from_json(c) for label, c in d.items()})
+_CONTENDERS: _Codec = (
+    lambda cs: {label: _contender_to_json(c) for label, c in cs.items()},
+    lambda d: {label: _contender_from_json(c) for label, c in d.items()},
+)
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,9 @@ class ModelRef:
 
     def __post_init__(self) -> None:
         if (self.text is None) == (self.file is None):
-            raise ProtocolError("a model reference holds either the model's text or its file, not both or neither")
+            raise ProtocolError(
+                "a model reference holds either the model's text or its file, not both or neither"
+            )
         if self.nodes is not None and self.file is None:
             raise ProtocolError("a model reference names nodes only of a model's file")
 
@@ -144,17 +150,24 @@ class _Message:
         unknown = set(data) - names - {"kind", "version"}
         if unknown:
             raise ProtocolError(f"unknown field(s) of '{cls.kind}': {sorted(unknown)}")
-        return cls(**{k: cls._codecs.get(k, _SAME)[1](v) for k, v in data.items()
-                      if k not in ("kind", "version") and v is not None})
+        return cls(
+            **{
+                k: cls._codecs.get(k, _SAME)[1](v)
+                for k, v in data.items()
+                if k not in ("kind", "version") and v is not None
+            }
+        )
 
 
 def check_version(data: dict[str, Any]) -> None:
     """A one-line error where ``data`` was written by another version of the wire format."""
     version = data.get("version", 1)  # the format before versions: 1
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"a '{data.get('kind')}' message of wire-protocol version {version}; this "
-                            f"Partune speaks version {PROTOCOL_VERSION} (run the same Partune on the "
-                            "searching machine and the measuring one)")
+        raise ProtocolError(
+            f"a '{data.get('kind')}' message of wire-protocol version {version}; this "
+            f"Partune speaks version {PROTOCOL_VERSION} (run the same Partune on the "
+            "searching machine and the measuring one)"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -273,7 +286,9 @@ class BuildInfo:
     build_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"cache": self.cache} | ({"build_s": self.build_s} if self.build_s is not None else {})
+        return {"cache": self.cache} | (
+            {"build_s": self.build_s} if self.build_s is not None else {}
+        )
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> BuildInfo:
@@ -340,10 +355,21 @@ class ErrorReply(_Message):
 Request = RegionRequest | TuneRequest | PlanRequest | CompareRequest | BuildRequest | CaptureRequest
 Reply = MeasurementReply | MeasurementsReply | TuningReply | BuildReply | CaptureReply | ErrorReply
 
-REQUEST_TYPES: dict[str, type[Request]] = {t.kind: t for t in (
-    RegionRequest, TuneRequest, PlanRequest, CompareRequest, BuildRequest, CaptureRequest)}
-REPLY_TYPES: dict[str, type[Reply]] = {t.kind: t for t in (
-    MeasurementReply, MeasurementsReply, TuningReply, BuildReply, CaptureReply, ErrorReply)}
+REQUEST_TYPES: dict[str, type[Request]] = {
+    t.kind: t
+    for t in (RegionRequest, TuneRequest, PlanRequest, CompareRequest, BuildRequest, CaptureRequest)
+}
+REPLY_TYPES: dict[str, type[Reply]] = {
+    t.kind: t
+    for t in (
+        MeasurementReply,
+        MeasurementsReply,
+        TuningReply,
+        BuildReply,
+        CaptureReply,
+        ErrorReply,
+    )
+}
 
 
 def request_from_json(data: dict[str, Any]) -> Request:

@@ -30,8 +30,9 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 class RPCRunner(Runner):
-    def __init__(self, tracker: str, key: str, timeout_s: float = 120.0, threads: int = 1,
-                 attempts: int = 2) -> None:
+    def __init__(
+        self, tracker: str, key: str, timeout_s: float = 120.0, threads: int = 1, attempts: int = 2
+    ) -> None:
         import tvm.rpc
 
         self.host, self.port = parse_address(tracker)
@@ -43,7 +44,9 @@ class RPCRunner(Runner):
             self._tracker = tvm.rpc.connect_tracker(self.host, self.port)
             summary = self._tracker.summary()
         except Exception as e:  # noqa: BLE001 - socket and TVM errors alike
-            raise PartuneError(f"cannot reach RPC tracker {tracker}: {str(e).splitlines()[0][:120]}") from e
+            raise PartuneError(
+                f"cannot reach RPC tracker {tracker}: {str(e).splitlines()[0][:120]}"
+            ) from e
         free = [s for s in summary.get("queue_info", {}) if s == key]
         servers = [s for s in summary.get("server_info", []) if s.get("key", "").endswith(key)]
         if not free and not servers:
@@ -57,9 +60,13 @@ class RPCRunner(Runner):
                 sess = self._tracker.request(self.key, priority=1, session_timeout=self.timeout_s)
                 remote = str(sess.get_function(DEVICE_FUNC)(self.threads))
             except Exception as e:  # noqa: BLE001 - socket and TVM errors alike
-                raise PartuneError(f"RPC device '{self.key}' did not say what it is "
-                                   f"(an older partune rpc-server?): {last_line(e, 120)}") from e
-            self._device = digest({"rpc_key": self.key, "device": remote}, FINGERPRINT_DIGITS, sort_keys=True)
+                raise PartuneError(
+                    f"RPC device '{self.key}' did not say what it is "
+                    f"(an older partune rpc-server?): {last_line(e, 120)}"
+                ) from e
+            self._device = digest(
+                {"rpc_key": self.key, "device": remote}, FINGERPRINT_DIGITS, sort_keys=True
+            )
         return self._device
 
     def exchange(self, request: Request, timeout_s: float | None = None) -> Reply:
@@ -77,13 +84,17 @@ class RPCRunner(Runner):
             if attempt:
                 time.sleep(RETRY_PAUSE_S)  # the tracker notices a dead server in about a second
             try:
-                sess = self._tracker.request(self.key, priority=1, session_timeout=timeout_s or self.timeout_s)
+                sess = self._tracker.request(
+                    self.key, priority=1, session_timeout=timeout_s or self.timeout_s
+                )
                 return reply_from_json(json.loads(sess.get_function(MEASURE_FUNC)(text)))
             except Exception as e:  # noqa: BLE001 - socket and TVM errors alike
                 why = last_line(e, 200)
                 if "timeout" in why.lower() or "timed out" in why.lower():
                     break  # a hang: trying it again would only hang again
-        return ErrorReply(f"rpc: {why}" + (f" ({self.attempts} attempts)" if self.attempts > 1 else ""))
+        return ErrorReply(
+            f"rpc: {why}" + (f" ({self.attempts} attempts)" if self.attempts > 1 else "")
+        )
 
 
 def _register_in_server() -> None:
@@ -105,14 +116,25 @@ def _server_device(threads: int) -> str:
     return device_fingerprint(int(threads))
 
 
-def serve(tracker: str, key: str, host: str = "127.0.0.1", port: int = 9190, port_end: int = 9290) -> None:
+def serve(
+    tracker: str, key: str, host: str = "127.0.0.1", port: int = 9190, port_end: int = 9290
+) -> None:
     """Start a measuring RPC server registered with ``tracker`` under ``key``; block."""
     import tvm.rpc
 
     tracker_addr = parse_address(tracker)
-    server = tvm.rpc.Server(host=host, port=port, port_end=port_end, tracker_addr=tracker_addr,
-                            key=key, server_init_callback=_register_in_server, silent=True)
-    print(f"partune rpc-server: {host}:{server.port} registered as '{key}' with {tracker}", flush=True)
+    server = tvm.rpc.Server(
+        host=host,
+        port=port,
+        port_end=port_end,
+        tracker_addr=tracker_addr,
+        key=key,
+        server_init_callback=_register_in_server,
+        silent=True,
+    )
+    print(
+        f"partune rpc-server: {host}:{server.port} registered as '{key}' with {tracker}", flush=True
+    )
     stop = {"now": False}
 
     def on_signal(signum, frame):

@@ -50,7 +50,9 @@ class Runner(ABC):
             return reply.measurement
         return Measurement.failed(failure_of(reply))
 
-    def compare(self, request: CompareRequest, timeout_s: float | None = None) -> dict[str, Measurement]:
+    def compare(
+        self, request: CompareRequest, timeout_s: float | None = None
+    ) -> dict[str, Measurement]:
         """Time several contenders in one process, interleaved; a crash fails them all."""
         reply = self.exchange(request, timeout_s)
         if isinstance(reply, MeasurementsReply):
@@ -58,7 +60,9 @@ class Runner(ABC):
         why = failure_of(reply)
         return {label: Measurement.failed(why) for label in request.contenders}
 
-    def captured(self, mod: Any, graph: Any, inputs: list, backends: list[str], model_file: Path | None) -> dict:
+    def captured(
+        self, mod: Any, graph: Any, inputs: list, backends: list[str], model_file: Path | None
+    ) -> dict:
         """The model's values on ``inputs`` (``partune.runners.capture``), computed in this process:
         a remote worker cannot read ``model_file`` (the model as ``partune.runners.module_file``
         wrote it; None unless the runner ``reads_local_files``). Raises when no backend can build

@@ -91,13 +91,22 @@ def time_callable(fn: Callable[[], object], protocol: Protocol = Protocol()) -> 
             fn()
         walls.append((time.perf_counter() - w0) / number)
         cpus.append((time.process_time() - c0) / number)
-    return Measurement(statistics.median(walls), _iqr(walls), statistics.median(cpus),
-                       protocol.repeat, number, load=os.getloadavg()[0], best_s=min(walls))
+    return Measurement(
+        statistics.median(walls),
+        _iqr(walls),
+        statistics.median(cpus),
+        protocol.repeat,
+        number,
+        load=os.getloadavg()[0],
+        best_s=min(walls),
+    )
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int = 5,
-                     protocol: Protocol = Protocol(warmup_ms=20.0, repeat=3, min_repeat_ms=20.0)
-                     ) -> dict[str, Measurement]:
+def time_interleaved(
+    fns: dict[str, Callable[[], object]],
+    rounds: int = 5,
+    protocol: Protocol = Protocol(warmup_ms=20.0, repeat=3, min_repeat_ms=20.0),
+) -> dict[str, Measurement]:
     """Time several contenders in rounds, each round every contender once, in turn.
 
     Drift of the machine (a neighbour's load, frequency changes) then touches all of
@@ -128,9 +137,18 @@ def over_rounds(ms: list[Measurement]) -> Measurement:
     if failed := next((m for m in ms if not m.ok), None):
         return failed
     bests = [m.cost_s for m in ms]
-    errors = [m.rel_error for m in ms if m.rel_error is not None]  # a bf16 contender's, each round's alike
+    errors = [
+        m.rel_error for m in ms if m.rel_error is not None
+    ]  # a bf16 contender's, each round's alike
     peaks = [m.peak_bytes for m in ms if m.peak_bytes is not None]
-    return Measurement(statistics.median(bests), _iqr(bests), statistics.median(m.cpu_s for m in ms),
-                       sum(m.repeats for m in ms), ms[0].number, load=os.getloadavg()[0],
-                       best_s=min(m.cost_s for m in ms), peak_bytes=max(peaks) if peaks else None,
-                       rel_error=max(errors) if errors else None)
+    return Measurement(
+        statistics.median(bests),
+        _iqr(bests),
+        statistics.median(m.cpu_s for m in ms),
+        sum(m.repeats for m in ms),
+        ms[0].number,
+        load=os.getloadavg()[0],
+        best_s=min(m.cost_s for m in ms),
+        peak_bytes=max(peaks) if peaks else None,
+        rel_error=max(errors) if errors else None,
+    )

@@ -64,7 +64,9 @@ def tune_region(req: TuneRequest) -> TuningReply:
     from partune.backends import registry
 
     registry.set_threads(req.threads)
-    report = registry.get(req.backend).tune_region(_region(req), req.scope, req.trials, req.timeout_s)
+    report = registry.get(req.backend).tune_region(
+        _region(req), req.scope, req.trials, req.timeout_s
+    )
     return TuningReply(report)
 
 
@@ -112,7 +114,10 @@ def measure_region(req: RegionRequest) -> MeasurementReply:
         rng = np.random.default_rng(0)
         arrays = [random_array(static_shape(p.ty), str(p.ty.dtype), rng) for p in func.params]
     args = [tvm.runtime.tensor(a) for a in arrays]
-    outs = [tvm.runtime.tensor(np.empty(static_shape(t), str(t.dtype))) for t in tensor_types(func.ret_ty)]
+    outs = [
+        tvm.runtime.tensor(np.empty(static_shape(t), str(t.dtype)))
+        for t in tensor_types(func.ret_ty)
+    ]
     every = args + outs
     return MeasurementReply(time_callable(lambda: kernel(*every), req.protocol), build=info)
 
@@ -141,7 +146,9 @@ def measure_plan(req: PlanRequest) -> MeasurementReply:
     footprint = peak - before if reset and peak is not None and before is not None else None
     error = None
     if accuracy.has_bf16(plan):
-        error = accuracy.plan_error(built, build_plan_here(accuracy.f32_twin(plan), mod, graph), inputs)
+        error = accuracy.plan_error(
+            built, build_plan_here(accuracy.f32_twin(plan), mod, graph), inputs
+        )
     return MeasurementReply(dataclasses.replace(m, peak_bytes=footprint, rel_error=error))
 
 
@@ -193,10 +200,14 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
     ctx = _context_for(req)
     fns, failed = {}, {}
     # Plans first: once they are built the model is released, before the peers load their own copies.
-    for label in sorted(req.contenders, key=lambda label: not isinstance(req.contenders[label], Plan)):
+    for label in sorted(
+        req.contenders, key=lambda label: not isinstance(req.contenders[label], Plan)
+    ):
         c = req.contenders[label]
         try:
-            key = label + json.dumps(c.to_json() if isinstance(c, Plan) else c, sort_keys=True, default=str)
+            key = label + json.dumps(
+                c.to_json() if isinstance(c, Plan) else c, sort_keys=True, default=str
+            )
             if key not in ctx.built:
                 if isinstance(c, Plan):
                     ctx.built[key] = build_plan_here(c, ctx.mod, ctx.graph).prepare(ctx.inputs)
@@ -210,13 +221,19 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
             failed[label] = Measurement.failed(f"{type(e).__name__}: {last_line(e)}")
         memory.trim()  # what the compiler freed, handed back before the next contender is built
     ctx.release_model()
-    timed = time_interleaved({label: fns[label] for label in req.contenders if label in fns}, rounds=req.rounds)
+    timed = time_interleaved(
+        {label: fns[label] for label in req.contenders if label in fns}, rounds=req.rounds
+    )
     for label, c in req.contenders.items():  # a reduced-precision peer: its error, for the budget
         if label in timed and isinstance(c, dict) and c.get("precision", "f32") != "f32":
             try:
-                timed[label] = dataclasses.replace(timed[label], rel_error=peer_error(c, ctx.inputs, registry.threads()))
+                timed[label] = dataclasses.replace(
+                    timed[label], rel_error=peer_error(c, ctx.inputs, registry.threads())
+                )
             except Exception as e:  # noqa: BLE001 - an error that cannot be measured fails the peer
-                timed[label] = Measurement.failed(f"its error against f32 could not be measured: {last_line(e)}")
+                timed[label] = Measurement.failed(
+                    f"its error against f32 could not be measured: {last_line(e)}"
+                )
     return MeasurementsReply(timed | failed)
 
 
@@ -294,8 +311,13 @@ def capture_into_file(req: CaptureRequest) -> CaptureReply:
 
 # Every request type and what answers it (a region's reply also says how its build went).
 HANDLERS: dict[type, Callable[[Any], Reply]] = {
-    RegionRequest: measure_region, PlanRequest: measure_plan, CompareRequest: measure_compare,
-    TuneRequest: tune_region, BuildRequest: build_into_cache, CaptureRequest: capture_into_file}
+    RegionRequest: measure_region,
+    PlanRequest: measure_plan,
+    CompareRequest: measure_compare,
+    TuneRequest: tune_region,
+    BuildRequest: build_into_cache,
+    CaptureRequest: capture_into_file,
+}
 
 
 def _failure(build: bool, e: Exception) -> Reply:
@@ -330,5 +352,7 @@ def handle_json(text: str) -> str:
         data = json.loads(text)
         req = request_from_json(data)
     except Exception as e:  # noqa: BLE001 - a request that cannot be read is answered like a failure
-        return json.dumps(_failure(isinstance(data, dict) and data.get("kind") == "build", e).to_json())
+        return json.dumps(
+            _failure(isinstance(data, dict) and data.get("kind") == "build", e).to_json()
+        )
     return json.dumps(handle(req).to_json())

@@ -19,7 +19,9 @@ import struct
 import sys
 
 CPUS_ENV = "PARTUNE_CPUS"  # "0" or "1,2,3": the cores this worker may run on (LocalRunner's cpus)
-RSS_LIMIT_ENV = "PARTUNE_RSS_LIMIT"  # bytes: above it after a request, trim before reporting the size
+RSS_LIMIT_ENV = (
+    "PARTUNE_RSS_LIMIT"  # bytes: above it after a request, trim before reporting the size
+)
 
 
 def main() -> None:
@@ -43,7 +45,9 @@ def main() -> None:
         head = proto_in.read(4)
         if len(head) < 4:
             return
-        data = handle_json(proto_in.read(struct.unpack("<I", head)[0]).decode(errors="replace")).encode()
+        data = handle_json(
+            proto_in.read(struct.unpack("<I", head)[0]).decode(errors="replace")
+        ).encode()
         rss = memory.resident_bytes() or 0
         if limit and rss > limit:
             memory.trim()

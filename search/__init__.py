@@ -27,14 +27,38 @@ __all__ = [
     "tune",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "budget": ("Budget", "PATIENCE",),
-    "calibration": ("calibrate",),
-    "candidates": ("accepted_nodes", "backend_plan", "enumerate_candidates",),
-    "cost_model_eval": ("Samples", "leave_one_model_out", "samples_for",),
-    "dp": ("schedulable",),
-    "result": ("Counts", "MemoryPeaks", "Progress",),
-    "session": ("CANDIDATE_PROTOCOL", "NOT_MEASURED",),
-    "collage": ("tune",),
-    "tuning": ("anchor_kind", "expected_speedup",),
-})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "budget": (
+            "Budget",
+            "PATIENCE",
+        ),
+        "calibration": ("calibrate",),
+        "candidates": (
+            "accepted_nodes",
+            "backend_plan",
+            "enumerate_candidates",
+        ),
+        "cost_model_eval": (
+            "Samples",
+            "leave_one_model_out",
+            "samples_for",
+        ),
+        "dp": ("schedulable",),
+        "result": (
+            "Counts",
+            "MemoryPeaks",
+            "Progress",
+        ),
+        "session": (
+            "CANDIDATE_PROTOCOL",
+            "NOT_MEASURED",
+        ),
+        "collage": ("tune",),
+        "tuning": (
+            "anchor_kind",
+            "expected_speedup",
+        ),
+    },
+)

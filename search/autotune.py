@@ -45,11 +45,15 @@ def autotune(s: SessionView, budget: float) -> None:
         for st, (kind, ratio) in before.items():
             if st not in done:
                 achieved.setdefault(kind, []).append(ratio)
-        order = tuning_order(s.graph, tunable, others, s.cost, s.config.default.backend, achieved, optimism)
+        order = tuning_order(
+            s.graph, tunable, others, s.cost, s.config.default.backend, achieved, optimism
+        )
         return _wanted(s, [t for t in order if t.structure not in done], structure)
 
     order = remaining()
-    s.progress.start_phase("tune regions (MetaSchedule) the DP would use, most expected gain first", len(order))
+    s.progress.start_phase(
+        "tune regions (MetaSchedule) the DP would use, most expected gain first", len(order)
+    )
     while order and (left := min(stop, deadline) - time.monotonic()) > 0:
         choice = order[0]
         done.add(choice.structure)
@@ -59,28 +63,43 @@ def autotune(s: SessionView, budget: float) -> None:
             s.measure_candidates({key: choice.candidate}, phase=False)  # still the tuning phase
         if math.isfinite(tuned_s := s.cost(choice.candidate)) and tuned_s > 0:
             s.result.tuning.achieved.setdefault(choice.kind, []).append(choice.untuned_s / tuned_s)
-        s.progress.advance(f"{choice.kind} x{choice.occurrences}: {choice.untuned_s * 1e6:.0f} us untuned, "
-                           f"{tuned_s * 1e6:.0f} us tuned, {choice.best_other_s * 1e6:.0f} us elsewhere")
+        s.progress.advance(
+            f"{choice.kind} x{choice.occurrences}: {choice.untuned_s * 1e6:.0f} us untuned, "
+            f"{tuned_s * 1e6:.0f} us tuned, {choice.best_other_s * 1e6:.0f} us elsewhere"
+        )
         order = remaining()  # what this kind achieved corrects its prior before the next pick
     s.result.tuning.seconds = budget - max(stop - time.monotonic(), 0.0)
 
 
-def achieved_before(s: SessionView, tunable: list[Candidate], others: list[Candidate],
-                    structure: dict[Candidate, str]) -> dict[str, tuple[str, float]]:
+def achieved_before(
+    s: SessionView,
+    tunable: list[Candidate],
+    others: list[Candidate],
+    structure: dict[Candidate, str],
+) -> dict[str, tuple[str, float]]:
     """What tuning achieved in earlier runs on this store: per tuned structure, its op kind
     and untuned / tuned. The priors start from it, so that a longer budget does not spend its
     time again on kinds that tuned badly here (a 90-minute mobilenet_v2-small run, with the
     usual priors, tuned 36 regions more after a 30-minute run had tuned 26, none used)."""
-    untuned = {c.subgraph.nodes: s.store.get(s.keys[c]) for c in others if c.backend == s.config.default.backend}
+    untuned = {
+        c.subgraph.nodes: s.store.get(s.keys[c])
+        for c in others
+        if c.backend == s.config.default.backend
+    }
     out: dict[str, tuple[str, float]] = {}
     for c in {s.keys[c]: c for c in tunable}.values():  # one lookup per key: alike regions share it
         tuned, plain = s.store.get(tuned_key(s, c)), untuned.get(c.subgraph.nodes)
         if tuned is not None and plain is not None and tuned.ok and plain.ok and tuned.cost_s > 0:
-            out[structure[c]] = (anchor_kind(s.graph, c.subgraph.nodes), plain.cost_s / tuned.cost_s)
+            out[structure[c]] = (
+                anchor_kind(s.graph, c.subgraph.nodes),
+                plain.cost_s / tuned.cost_s,
+            )
     return out
 
 
-def _wanted(s: SessionView, order: list[TuningChoice], structure: dict[Candidate, str]) -> list[TuningChoice]:
+def _wanted(
+    s: SessionView, order: list[TuningChoice], structure: dict[Candidate, str]
+) -> list[TuningChoice]:
     """The choices the DP would use if they tuned as estimated, most gain first: a region
     tuned is worth it only if the plan can take it. Tuned regions count at their
     measured cost; the others at their estimate."""

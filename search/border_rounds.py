@@ -27,7 +27,9 @@ def equation(session: SessionView, plan: Plan, m: Measurement) -> Equation | Non
     costs = [session.stored_cost(r) for r in plan.regions]
     if not m.ok or any(c is None for c in costs):
         return None
-    isolated = sum(c + session.adjust.get(r.scope, 0.0) for c, r in zip(costs, plan.regions, strict=True))
+    isolated = sum(
+        c + session.adjust.get(r.scope, 0.0) for c, r in zip(costs, plan.regions, strict=True)
+    )
     feats = sum(region_features(session.graph, r.nodes) for r in plan.regions)
     return Equation(feats, m.cost_s - isolated, m.cost_s)
 
@@ -35,8 +37,11 @@ def equation(session: SessionView, plan: Plan, m: Measurement) -> Equation | Non
 def border_rounds(session: SessionView) -> None:
     """Border costs learned from the plans measured; the DP proposes again with them."""
     result = session.result
-    equations = {label: e for label, p in result.plans.items()
-                 if (e := equation(session, p, result.end_to_end[label])) is not None}
+    equations = {
+        label: e
+        for label, p in result.plans.items()
+        if (e := equation(session, p, result.end_to_end[label])) is not None
+    }
     for k in range(BORDER_ROUNDS):
         result.border = fit(list(equations.values()))
         refined = session.dp(set(session.backends), result.border)
@@ -44,15 +49,22 @@ def border_rounds(session: SessionView) -> None:
             break
         label = f"partune dp+borders{'' if k == 0 else f' {k + 1}'}"
         if not session.offer(label, refined[1]):
-            result.dp_label, (result.cover, result.dp_plan) = session.label_of[plan_key(refined[1])], refined
+            result.dp_label, (result.cover, result.dp_plan) = (
+                session.label_of[plan_key(refined[1])],
+                refined,
+            )
             break  # a plan measured already (its regions here carry the DP's costs)
         result.dp_label = label
         result.cover, result.dp_plan = refined
         if (e := equation(session, refined[1], session.end_to_end(label, refined[1]))) is not None:
             equations[label] = e
     if result.border.equations:  # second opinions with border costs too
-        session.end_to_end_all({label: result.plans[label]
-                                for label in session.second_opinions(result.border, "+borders")})
+        session.end_to_end_all(
+            {
+                label: result.plans[label]
+                for label in session.second_opinions(result.border, "+borders")
+            }
+        )
     estimate_dp_plan(session, equations)
 
 

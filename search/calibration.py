@@ -20,8 +20,13 @@ from partune.search.result import Counts
 from partune.store import MeasurementStore
 
 
-def calibrate(runner: Runner, store: MeasurementStore, config: CompilationConfig, counts: Counts,
-              protocol: dict) -> dict[SEScope, float]:
+def calibrate(
+    runner: Runner,
+    store: MeasurementStore,
+    config: CompilationConfig,
+    counts: Counts,
+    protocol: dict,
+) -> dict[SEScope, float]:
     """Per scope, the seconds to add to a region's isolated time (``protocol``: how it is timed)."""
     model_json = tvm.ir.save_json(calibration_module())
     graph = DataflowGraph.from_function(calibration_module()["main"])
@@ -35,10 +40,15 @@ def calibrate(runner: Runner, store: MeasurementStore, config: CompilationConfig
     isolated, whole = {}, {}
     for scope in config.primitives:
         overhead, transition = calibration_keys(scope)
-        isolated[scope] = measured(overhead, overhead_request(scope, protocol), f"{scope} isolated call")
+        isolated[scope] = measured(
+            overhead, overhead_request(scope, protocol), f"{scope} isolated call"
+        )
         plan = Plan("calibration", graph.fingerprint, config, (Region((0,), scope),))
-        whole[scope] = measured(transition, plan_request(model_json, plan, [np.ones(1, "float32")], protocol),
-                                f"{scope} in a model")
+        whole[scope] = measured(
+            transition,
+            plan_request(model_json, plan, [np.ones(1, "float32")], protocol),
+            f"{scope} in a model",
+        )
     native = config.default
     out: dict[SEScope, float] = {}
     if isolated[native] is not None and whole[native] is not None:
@@ -49,7 +59,9 @@ def calibrate(runner: Runner, store: MeasurementStore, config: CompilationConfig
             if registry.get(scope.backend).codegen is None:  # inline in main, as native TVM is
                 out[scope] = -isolated[scope]
             else:
-                out[scope] = max((whole[scope] - isolated[scope]) - (whole[native] - isolated[native]), 0.0)
+                out[scope] = max(
+                    (whole[scope] - isolated[scope]) - (whole[native] - isolated[native]), 0.0
+                )
     return out
 
 
@@ -64,8 +76,9 @@ class CalibrationView:
     def __init__(self, session: Any, early: bool) -> None:
         self.session, self.early = session, early
 
-    def obtain(self, key: str, take, label: str = "", deadline: float | None = None,
-               wait: bool = True) -> tuple[Measurement, bool]:
+    def obtain(
+        self, key: str, take, label: str = "", deadline: float | None = None, wait: bool = True
+    ) -> tuple[Measurement, bool]:
         s = self.session
         m, took = s.obtain(key, take, label, wait=not self.early)
         if took:
@@ -73,5 +86,7 @@ class CalibrationView:
         if not self.early:  # the pass that reads every key counts them
             s.counts.measured += key in s.calibrated
             s.counts.reused += key not in s.calibrated
-        s.progress.advance(f"{label}: " + ("another worker's" if m is None else "measured" if took else "stored"))
+        s.progress.advance(
+            f"{label}: " + ("another worker's" if m is None else "measured" if took else "stored")
+        )
         return (m if m is not None else _HELD), took

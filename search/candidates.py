@@ -45,7 +45,9 @@ class Candidate:
             return h
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}  # str hashes vary by process
+        return {
+            k: v for k, v in self.__dict__.items() if k != "_hash"
+        }  # str hashes vary by process
 
     @property
     def backend(self) -> str:
@@ -69,8 +71,11 @@ def _matcher(func: relax.Function):
                 continue
             found = pattern.extract_matched_expr(b.value, var2val)
             if found:
-                nodes = frozenset(index[e] for p, e in found.items()
-                                  if e in index and not isinstance(p, WildcardPattern))
+                nodes = frozenset(
+                    index[e]
+                    for p, e in found.items()
+                    if e in index and not isinstance(p, WildcardPattern)
+                )
                 if nodes:
                     out.append(nodes)
         return out
@@ -91,15 +96,27 @@ def bf16_nodes(func: relax.Function, config: CompilationConfig) -> frozenset[int
     return frozenset(i for i, b in enumerate(main_bindings(func)) if casts(b.value))
 
 
-def backend_plan(name: str, mod: tvm.IRModule, graph: DataflowGraph, config: CompilationConfig,
-                 backend: str, precision: str = "f32", threads: int | None = None) -> Plan:
+def backend_plan(
+    name: str,
+    mod: tvm.IRModule,
+    graph: DataflowGraph,
+    config: CompilationConfig,
+    backend: str,
+    precision: str = "f32",
+    threads: int | None = None,
+) -> Plan:
     """The single-backend plan: all that ``backend`` accepts goes to it, the rest to the default."""
-    return single_backend_plan(name, graph, config, backend, accepted_nodes(mod["main"], backend), precision,
-                               threads)
+    return single_backend_plan(
+        name, graph, config, backend, accepted_nodes(mod["main"], backend), precision, threads
+    )
 
 
-def enumerate_candidates(mod: tvm.IRModule, graph: DataflowGraph, config: CompilationConfig,
-                         pins: dict[int, SEScope] | None = None) -> list[Candidate]:
+def enumerate_candidates(
+    mod: tvm.IRModule,
+    graph: DataflowGraph,
+    config: CompilationConfig,
+    pins: dict[int, SEScope] | None = None,
+) -> list[Candidate]:
     """All candidates of all primitive scopes, deduplicated, pins respected."""
     func = mod["main"]
     pins = pins or {}
@@ -127,4 +144,3 @@ def enumerate_candidates(mod: tvm.IRModule, graph: DataflowGraph, config: Compil
             if all(scope.compatible(pins[n]) for n in prop.subgraph.nodes if n in pins):
                 out.setdefault((prop.subgraph.mask, at), Candidate(prop.subgraph, scope, prop.rule))
     return sorted(out.values(), key=lambda c: (c.subgraph.nodes[0], len(c.subgraph), c.backend))
-

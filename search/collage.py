@@ -16,13 +16,30 @@ from partune.store import MeasurementStore
 __all__ = ["Progress", "TuneResult", "tune"]
 
 
-def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
-         threads: int = 1, pins: dict[int, SEScope] | None = None, deadline: float | None = None,
-         progress: Progress | None = None, peers: tuple[str, ...] = DEFAULT_PEERS,
-         refine_trials: int | None = 0, previous: Plan | None = None, cost_model=None, memory: bool = False,
-         worker_only: bool = False, tune_budget_s: float = 0.0, tune_trials: int = 32,
-         build_pool: BuildPool | None = None, precision: str = "f32", tolerance: float | None = None,
-         one_thread_regions: bool = True, budget: Budget | None = None) -> TuneResult:
+def tune(
+    model,
+    backends: list[str],
+    runner: Runner,
+    store: MeasurementStore,
+    *,
+    threads: int = 1,
+    pins: dict[int, SEScope] | None = None,
+    deadline: float | None = None,
+    progress: Progress | None = None,
+    peers: tuple[str, ...] = DEFAULT_PEERS,
+    refine_trials: int | None = 0,
+    previous: Plan | None = None,
+    cost_model=None,
+    memory: bool = False,
+    worker_only: bool = False,
+    tune_budget_s: float = 0.0,
+    tune_trials: int = 32,
+    build_pool: BuildPool | None = None,
+    precision: str = "f32",
+    tolerance: float | None = None,
+    one_thread_regions: bool = True,
+    budget: Budget | None = None,
+) -> TuneResult:
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
     ``previous`` is the plan an earlier run of the same job emitted: it competes again.
@@ -51,9 +68,23 @@ def tune(model, backends: list[str], runner: Runner, store: MeasurementStore, *,
     ``one_thread_regions``, library regions (and single-library plans) may also run on one
     thread (``SEScope.threads``), kept where that measures faster.
     """
-    options = TuneOptions(threads=threads, pins=pins, deadline=deadline, progress=progress, peers=peers,
-                          refine_trials=refine_trials, previous=previous, cost_model=cost_model, memory=memory,
-                          worker_only=worker_only, tune_budget_s=tune_budget_s, tune_trials=tune_trials,
-                          build_pool=build_pool, precision=precision, tolerance=tolerance,
-                          one_thread_regions=one_thread_regions, budget=budget)
+    options = TuneOptions(
+        threads=threads,
+        pins=pins,
+        deadline=deadline,
+        progress=progress,
+        peers=peers,
+        refine_trials=refine_trials,
+        previous=previous,
+        cost_model=cost_model,
+        memory=memory,
+        worker_only=worker_only,
+        tune_budget_s=tune_budget_s,
+        tune_trials=tune_trials,
+        build_pool=build_pool,
+        precision=precision,
+        tolerance=tolerance,
+        one_thread_regions=one_thread_regions,
+        budget=budget,
+    )
     return SearchSession(model, backends, runner, store, options).run()

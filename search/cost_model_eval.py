@@ -63,6 +63,7 @@ def samples_for(model, store, backends: list[str], threads: int = 1) -> Samples:
 
 def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
     """Spearman's rho (average ranks for ties)."""
+
     def ranks(v: np.ndarray) -> np.ndarray:
         order = np.argsort(v, kind="stable")
         r = np.empty(len(v))
@@ -101,10 +102,17 @@ def leave_one_model_out(data: list[Samples]) -> list[Score]:
     scores = []
     for held in data:
         held_keys = set(held.keys)
-        train = [(s.x[i], s.seconds[i]) for s in data if s is not held
-                 for i, k in enumerate(s.keys) if k not in held_keys]
+        train = [
+            (s.x[i], s.seconds[i])
+            for s in data
+            if s is not held
+            for i, k in enumerate(s.keys)
+            if k not in held_keys
+        ]
         if not train or len(held.seconds) == 0:
             continue
-        model = XGBoostCostModel().fit(np.array([x for x, _ in train]), np.array([y for _, y in train]))
+        model = XGBoostCostModel().fit(
+            np.array([x for x, _ in train]), np.array([y for _, y in train])
+        )
         scores.append(score(held.model, model.predict(held.x), held.seconds, held.frontier))
     return scores

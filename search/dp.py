@@ -45,8 +45,9 @@ class NoCoverError(RuntimeError):
     """No combination of (finite-cost) candidates covers the graph."""
 
 
-def cheapest_per_node_set(candidates: Sequence[Candidate], cost: Callable[[Candidate], float]
-                          ) -> list[tuple[Candidate, float]]:
+def cheapest_per_node_set(
+    candidates: Sequence[Candidate], cost: Callable[[Candidate], float]
+) -> list[tuple[Candidate, float]]:
     """Per node set, the candidate of finite cost the DP could pick, in ``candidates``' order.
 
     Candidates covering the same nodes (one per scope) lead to the same DP states, and only the
@@ -63,8 +64,9 @@ def cheapest_per_node_set(candidates: Sequence[Candidate], cost: Callable[[Candi
     return [(c, cs) for _, c, cs in sorted(best.values(), key=lambda t: t[0])]
 
 
-def cheapest_cover(graph: DataflowGraph, candidates: Sequence[Candidate],
-                   cost: Callable[[Candidate], float]) -> Cover:
+def cheapest_cover(
+    graph: DataflowGraph, candidates: Sequence[Candidate], cost: Callable[[Candidate], float]
+) -> Cover:
     full = (1 << len(graph)) - 1
     by_first: dict[int, list[tuple[Candidate, float, int]]] = {}
     for c, cs in cheapest_per_node_set(candidates, cost):

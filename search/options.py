@@ -28,7 +28,13 @@ class TuneOptions:
     tune_budget_s: float = 0.0  # 0 with a budget: a share of the time the candidates left
     tune_trials: int = 32
     build_pool: BuildPool | None = None
-    precision: str = "f32"  # "bf16": regions may compute in bf16 where a backend can (``search.precision``)
+    precision: str = (
+        "f32"  # "bf16": regions may compute in bf16 where a backend can (``search.precision``)
+    )
     tolerance: float | None = None  # with bf16: the largest relative error a plan may have
-    one_thread_regions: bool = True  # on many threads, library regions may run on one (``SEScope.threads``)
-    budget: Budget | None = None  # a time budget to spend (``partune.search.budget``), not only respect
+    one_thread_regions: bool = (
+        True  # on many threads, library regions may run on one (``SEScope.threads``)
+    )
+    budget: Budget | None = (
+        None  # a time budget to spend (``partune.search.budget``), not only respect
+    )

@@ -24,15 +24,21 @@ MAX_REPAIRS = 4  # plans measured while handing bf16 regions back, before all go
 
 
 def over_budget(m: Measurement, tolerance: float | None) -> bool:
-    return tolerance is not None and m.ok and m.rel_error is not None and not m.rel_error <= tolerance
+    return (
+        tolerance is not None and m.ok and m.rel_error is not None and not m.rel_error <= tolerance
+    )
 
 
 def budgeted(m: Measurement, tolerance: float | None) -> Measurement:
     """``m`` as the search sees it: a failure when its plan strays beyond ``tolerance``."""
     if not over_budget(m, tolerance):
         return m
-    return replace(Measurement.failed(f"over the accuracy budget: relative error {m.rel_error:.2g} > "
-                                      f"{tolerance:.2g}"), rel_error=m.rel_error)
+    return replace(
+        Measurement.failed(
+            f"over the accuracy budget: relative error {m.rel_error:.2g} > {tolerance:.2g}"
+        ),
+        rel_error=m.rel_error,
+    )
 
 
 def overran(m: Measurement) -> bool:
@@ -54,15 +60,19 @@ def gain_s(s: SessionView, region: Region) -> float:
 def repair(s: SessionView, plan: Plan, label: str) -> str | None:
     """Variants of an over-budget ``plan`` with bf16 regions handed back to f32, the least
     gainful first, each measured; the label of the first within budget (None if none)."""
-    order = sorted((i for i, r in enumerate(plan.regions) if r.scope.compute_precision == "bf16"),
-                   key=lambda i: gain_s(s, plan.regions[i]))
+    order = sorted(
+        (i for i, r in enumerate(plan.regions) if r.scope.compute_precision == "bf16"),
+        key=lambda i: gain_s(s, plan.regions[i]),
+    )
     if not order:
         return None
     # Hand back one region at a time, then (if still over) every region at once.
     steps = [order[: k + 1] for k in range(min(MAX_REPAIRS, len(order) - 1))] + [order]
     for step, back in enumerate(steps, start=1):
         regions = tuple(_in_f32(s, r) if i in back else r for i, r in enumerate(plan.regions))
-        variant = replace(plan, regions=regions, notes={**plan.notes, "kind": "collage dp, within budget"})
+        variant = replace(
+            plan, regions=regions, notes={**plan.notes, "kind": "collage dp, within budget"}
+        )
         name = f"{label} (bf16 within budget {step})"
         if not s.offer(name, variant):
             continue

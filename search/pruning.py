@@ -22,15 +22,18 @@ def features(graph: DataflowGraph, cands: list[Candidate]) -> np.ndarray:
     """The cost model's input, one row per candidate."""
     from partune.cost_models import featurize
 
-    rows: dict[tuple[int, str], np.ndarray] = {}  # one row per node set and backend (scopes share it)
+    rows: dict[
+        tuple[int, str], np.ndarray
+    ] = {}  # one row per node set and backend (scopes share it)
     for c in cands:
         if (c.subgraph.mask, c.backend) not in rows:
             rows[c.subgraph.mask, c.backend] = featurize(graph, c.subgraph.nodes, c.backend)
     return np.stack([rows[c.subgraph.mask, c.backend] for c in cands])
 
 
-def prune(cands: list[Candidate], x: np.ndarray, todo: dict[str, Candidate], cost_model
-          ) -> tuple[dict[Candidate, float], dict[str, Candidate]]:
+def prune(
+    cands: list[Candidate], x: np.ndarray, todo: dict[str, Candidate], cost_model
+) -> tuple[dict[Candidate, float], dict[str, Candidate]]:
     """Predicted costs of all candidates, and the part of ``todo`` measured up front.
 
     A DP frontier is the set of candidates starting at one node (the DP extends the lowest

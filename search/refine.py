@@ -34,7 +34,9 @@ class Refined:
     plan: Plan  # the fastest variant measured
     measurement: Measurement
     trials: int  # trials in the study, earlier runs and other workers included
-    front: tuple[tuple[Plan, Measurement], ...] = ()  # latency+memory: the Pareto front, fastest first
+    front: tuple[
+        tuple[Plan, Measurement], ...
+    ] = ()  # latency+memory: the Pareto front, fastest first
     converged: bool = False  # with patience: stopped because no variant was faster for that long
 
 
@@ -42,8 +44,12 @@ POLL_S = 2.0  # how often a worker whose budget is spent looks at other workers'
 NATIVE_MOVE_MAX_NODES = 4  # larger regions moved to native TVM are slow to build and to run
 
 
-def search_space(base: Plan, config: CompilationConfig, accepted: dict[str, set[int]],
-                 bf16: frozenset[int] = frozenset()) -> list[list[str]]:
+def search_space(
+    base: Plan,
+    config: CompilationConfig,
+    accepted: dict[str, set[int]],
+    bf16: frozenset[int] = frozenset(),
+) -> list[list[str]]:
     """Per region of ``base``: keep, or a scope of a backend that accepts every one of its
     nodes (named by ``SEScope.choice``: ``backend``, ``backend/bf16``, ``backend/1t``; a
     region may also change precision or thread count alone).
@@ -57,14 +63,21 @@ def search_space(base: Plan, config: CompilationConfig, accepted: dict[str, set[
     offered = [s for s in config.primitives if s.backend in accepted]
     out = []
     for r in base.regions:
-        moves = [s.choice for s in offered if s != r.scope and set(r.nodes) <= accepted[s.backend]
-                 and (s.backend != native or len(r.nodes) <= NATIVE_MOVE_MAX_NODES)
-                 and (s.compute_precision != "bf16" or not bf16.isdisjoint(r.nodes))]
+        moves = [
+            s.choice
+            for s in offered
+            if s != r.scope
+            and set(r.nodes) <= accepted[s.backend]
+            and (s.backend != native or len(r.nodes) <= NATIVE_MOVE_MAX_NODES)
+            and (s.compute_precision != "bf16" or not bf16.isdisjoint(r.nodes))
+        ]
         out.append([KEEP, *sorted(moves)])
     return out
 
 
-def variant(graph: DataflowGraph, base: Plan, config: CompilationConfig, params: dict) -> Plan | None:
+def variant(
+    graph: DataflowGraph, base: Plan, config: CompilationConfig, params: dict
+) -> Plan | None:
     """The plan ``params`` describe (None when a merge would make it unrunnable)."""
     regions: list[Region] = []
     for i, r in enumerate(base.regions):
@@ -77,8 +90,13 @@ def variant(graph: DataflowGraph, base: Plan, config: CompilationConfig, params:
                 region = Region(union, scope)
                 regions.pop()
         regions.append(region)
-    plan = Plan(base.model, base.fingerprint, config, tuple(regions),
-                notes={"kind": "refined", "params": params})
+    plan = Plan(
+        base.model,
+        base.fingerprint,
+        config,
+        tuple(regions),
+        notes={"kind": "refined", "params": params},
+    )
     try:
         region_order(graph, plan.regions)
     except Exception:  # noqa: BLE001 - a cycle between merged regions: not a plan
@@ -86,14 +104,24 @@ def variant(graph: DataflowGraph, base: Plan, config: CompilationConfig, params:
     return plan
 
 
-def _seed(study: optuna.Study, choices: list[list[str]], accepted: dict[str, set[int]], native: str) -> None:
+def _seed(
+    study: optuna.Study, choices: list[list[str]], accepted: dict[str, set[int]], native: str
+) -> None:
     """Queue the DP plan and, per backend, "everything it accepts moves to it"."""
-    study.enqueue_trial({**{f"r{i}": KEEP for i in range(len(choices))},  # the DP plan
-                         **{f"merge{i}": False for i in range(1, len(choices))}})
+    study.enqueue_trial(
+        {
+            **{f"r{i}": KEEP for i in range(len(choices))},  # the DP plan
+            **{f"merge{i}": False for i in range(1, len(choices))},
+        }
+    )
     for b in accepted:
         if b != native:  # the tvm-only plan was measured already
-            study.enqueue_trial({**{f"r{i}": b if b in c else KEEP for i, c in enumerate(choices)},
-                                 **{f"merge{i}": True for i in range(1, len(choices))}})
+            study.enqueue_trial(
+                {
+                    **{f"r{i}": b if b in c else KEEP for i, c in enumerate(choices)},
+                    **{f"merge{i}": True for i in range(1, len(choices))},
+                }
+            )
 
 
 def _budget_left(study: optuna.Study, n_trials: int) -> bool:
@@ -129,11 +157,23 @@ def _one_trial(study: optuna.Study, objective: Callable) -> None:
             raise
 
 
-def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted: dict[str, set[int]],
-           measure: Callable[[Plan], Measurement], storage: optuna.storages.BaseStorage, study_name: str,
-           n_trials: int, *, seed: int = 0, deadline: float | None = None, memory: bool = False,
-           claims: Claims | None = None, patience: int | None = None,
-           space: list[list[str]] | None = None) -> Refined | None:
+def refine(
+    graph: DataflowGraph,
+    base: Plan,
+    config: CompilationConfig,
+    accepted: dict[str, set[int]],
+    measure: Callable[[Plan], Measurement],
+    storage: optuna.storages.BaseStorage,
+    study_name: str,
+    n_trials: int,
+    *,
+    seed: int = 0,
+    deadline: float | None = None,
+    memory: bool = False,
+    claims: Claims | None = None,
+    patience: int | None = None,
+    space: list[list[str]] | None = None,
+) -> Refined | None:
     """Run the study until it holds ``n_trials`` trials (or ``deadline``, ``time.monotonic``,
     passes, or, with ``patience``, that many trials in a row found no faster variant); the
     fastest variant measured, and with ``memory`` the Pareto front.
@@ -149,13 +189,20 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
     """
     choices = space if space is not None else search_space(base, config, accepted)
     if memory:
-        sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(20, n_trials // 2)))
+        sampler = optuna.samplers.NSGAIISampler(
+            seed=seed, population_size=max(4, min(20, n_trials // 2))
+        )
         directions = ["minimize", "minimize"]
     else:
         sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True)
         directions = ["minimize"]
-    study = optuna.create_study(study_name=study_name, storage=storage, sampler=sampler,
-                                directions=directions, load_if_exists=True)
+    study = optuna.create_study(
+        study_name=study_name,
+        storage=storage,
+        sampler=sampler,
+        directions=directions,
+        load_if_exists=True,
+    )
     seeds = f"seeds:{study_name}"
     if not study.trials and (claims is None or claims.claim(seeds)):
         _seed(study, choices, accepted, config.default.backend)
@@ -165,8 +212,10 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
 
     def objective(trial: optuna.Trial) -> float | tuple[float, float]:
         params = {f"r{i}": trial.suggest_categorical(f"r{i}", c) for i, c in enumerate(choices)}
-        params |= {f"merge{i}": trial.suggest_categorical(f"merge{i}", [False, True])
-                   for i in range(1, len(choices))}
+        params |= {
+            f"merge{i}": trial.suggest_categorical(f"merge{i}", [False, True])
+            for i in range(1, len(choices))
+        }
         trial.set_user_attr("worker", worker_id())
         plan = variant(graph, base, config, params)
         if plan is None:
@@ -186,8 +235,11 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
             time.sleep(POLL_S)
         else:
             break
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if all(math.isfinite(v) for v in t.values)]
+    done = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if all(math.isfinite(v) for v in t.values)
+    ]
     if not done:
         return None
 
@@ -208,7 +260,9 @@ def refine(graph: DataflowGraph, base: Plan, config: CompilationConfig, accepted
     best = rebuilt(min(done, key=lambda t: t.values[0]))
     if best is None:
         return None
-    return Refined(best[0], best[1], len(study.trials), front, bool(patience) and _converged(study, patience))
+    return Refined(
+        best[0], best[1], len(study.trials), front, bool(patience) and _converged(study, patience)
+    )
 
 
 def _values(m: Measurement, memory: bool) -> float | tuple[float, float]:

@@ -48,7 +48,9 @@ class TuningStats:
     regions: int = 0
     trials: int = 0
     seconds: float = 0.0
-    achieved: dict[str, list[float]] = field(default_factory=dict)  # speed-ups measured, per op kind
+    achieved: dict[str, list[float]] = field(
+        default_factory=dict
+    )  # speed-ups measured, per op kind
 
 
 @dataclass
@@ -68,9 +70,13 @@ class MemoryPeaks:
         (``LocalRunner.peak_rss_bytes``, ``BuildPool.peak_rss_bytes``)."""
         import resource
 
-        return cls(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # KiB on Linux
-                   getattr(runner, "peak_rss_bytes", 0), getattr(runner, "recycled", 0),
-                   getattr(pool, "peak_rss_bytes", 0), getattr(pool, "recycled", 0))
+        return cls(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # KiB on Linux
+            getattr(runner, "peak_rss_bytes", 0),
+            getattr(runner, "recycled", 0),
+            getattr(pool, "peak_rss_bytes", 0),
+            getattr(pool, "recycled", 0),
+        )
 
 
 @dataclass
@@ -85,18 +91,31 @@ class Verdict:
 
     def over_budget(self, label: str) -> bool:
         m = self.measurements.get(label)
-        return (self.tolerance is not None and m is not None and m.rel_error is not None
-                and not m.rel_error <= self.tolerance)
+        return (
+            self.tolerance is not None
+            and m is not None
+            and m.rel_error is not None
+            and not m.rel_error <= self.tolerance
+        )
 
     @property
     def how(self) -> str:
         """How the contenders were timed, in words."""
-        return "one process" if self.threads == 1 else f"{self.threads} threads, a process each, one at a time"
+        return (
+            "one process"
+            if self.threads == 1
+            else f"{self.threads} threads, a process each, one at a time"
+        )
 
     @property
     def best_peer(self) -> str | None:
-        ok = [p for p in self.peers if self.measurements.get(p) is not None and self.measurements[p].ok
-              and not self.over_budget(p)]
+        ok = [
+            p
+            for p in self.peers
+            if self.measurements.get(p) is not None
+            and self.measurements[p].ok
+            and not self.over_budget(p)
+        ]
         return min(ok, key=lambda p: self.measurements[p].median_s) if ok else None
 
 
@@ -112,7 +131,9 @@ class TuneResult:
     plans: dict[str, Plan] = field(default_factory=dict)  # plan label -> the plan measured under it
     search_s: float = 0.0
     timed_out: bool = False
-    adjust_s: dict[str, float] = field(default_factory=dict)  # per scope: whole-model minus isolated
+    adjust_s: dict[str, float] = field(
+        default_factory=dict
+    )  # per scope: whole-model minus isolated
     border: BorderModel = field(default_factory=BorderModel)  # learned from the plans measured
     dp_label: str | None = None  # the DP's final plan (after border refinement) among end_to_end
     dp_estimate_s: float | None = None  # its cost predicted before it was measured

@@ -59,8 +59,11 @@ class OpKindRule(PartitionRule):
     name: str = "op"
 
     def propose(self, ctx: RuleContext) -> list[Proposal]:
-        return [Proposal(SubGraph.of(ctx.graph, [n.index]), self.name) for n in ctx.graph.nodes
-                if n.op not in TRIVIAL_OPS and n.kind <= self.max_kind and ctx.accepts(n.index)]
+        return [
+            Proposal(SubGraph.of(ctx.graph, [n.index]), self.name)
+            for n in ctx.graph.nodes
+            if n.op not in TRIVIAL_OPS and n.kind <= self.max_kind and ctx.accepts(n.index)
+        ]
 
 
 @dataclass
@@ -70,8 +73,11 @@ class HostRule(PartitionRule):
     name: str = "host"
 
     def propose(self, ctx: RuleContext) -> list[Proposal]:
-        return [Proposal(SubGraph.of(ctx.graph, [n.index]), self.name) for n in ctx.graph.nodes
-                if n.op in TRIVIAL_OPS and ctx.accepts(n.index)]
+        return [
+            Proposal(SubGraph.of(ctx.graph, [n.index]), self.name)
+            for n in ctx.graph.nodes
+            if n.op in TRIVIAL_OPS and ctx.accepts(n.index)
+        ]
 
 
 @dataclass
@@ -84,8 +90,11 @@ class PatternRule(PartitionRule):
     def propose(self, ctx: RuleContext) -> list[Proposal]:
         if ctx.match is None:
             return []
-        return [Proposal(SubGraph.of(ctx.graph, nodes), self.name) for nodes in ctx.match(self.pattern)
-                if all(ctx.accepts(n) for n in nodes)]
+        return [
+            Proposal(SubGraph.of(ctx.graph, nodes), self.name)
+            for nodes in ctx.match(self.pattern)
+            if all(ctx.accepts(n) for n in nodes)
+        ]
 
 
 def cut_points(graph: DataflowGraph, max_live: int = 1) -> list[int]:
@@ -144,7 +153,7 @@ class IntervalRule(PartitionRule):
         for a in range(len(bounds) - 1):
             for b in range(a + 1, min(len(bounds), a + 1 + span)):
                 lo, hi = bounds[a] + 1, bounds[b]
-                if hi - lo >= 1 and all(ok[lo:hi + 1]):
+                if hi - lo >= 1 and all(ok[lo : hi + 1]):
                     out.append(Proposal(SubGraph.of(g, range(lo, hi + 1)), self.name))
         # The maximal accepted runs: all of the model the backend can take, in one call. On a
         # model of many blocks, only runs of at most ``max_segments`` blocks: a longer one is
@@ -194,7 +203,9 @@ class OnlyValidRule(PartitionRule):
     name: str = "valid"
 
     def propose(self, ctx: RuleContext) -> list[Proposal]:
-        return [p for p in self.rule.propose(ctx) if p.subgraph.is_valid(self.max_exits, self.max_depth)]
+        return [
+            p for p in self.rule.propose(ctx) if p.subgraph.is_valid(self.max_exits, self.max_depth)
+        ]
 
 
 # Combiner rules: may an upstream sub-graph and a downstream one it feeds be merged?
@@ -290,7 +301,10 @@ class CombineRule(PartitionRule):
         sg = up.subgraph.union(down.subgraph)
         if sg.mask in known or (self.max_nodes and len(sg) > self.max_nodes):
             return None
-        rule = next((name for name, fits in self.combiners.items() if fits(up.subgraph, down.subgraph)), None)
+        rule = next(
+            (name for name, fits in self.combiners.items() if fits(up.subgraph, down.subgraph)),
+            None,
+        )
         if rule is None or not sg.is_valid(self.max_exits, self.max_depth):
             return None
         return Proposal(sg, f"{self.name}[{rule}]")
@@ -308,7 +322,9 @@ def rule_for_style(style: str, patterns: Sequence[tuple[str, object]] = ()) -> P
     singles = UnionRule([OpKindRule(), HostRule()])
     if style == "none":
         composites = [CompositeRule(PatternRule(p, name=n)) for n, p in patterns]
-        return UnionRule([OnlyValidRule(UnionRule([*composites, singles]), max_exits=1), IntervalRule()])
+        return UnionRule(
+            [OnlyValidRule(UnionRule([*composites, singles]), max_exits=1), IntervalRule()]
+        )
     if style == "tvm":
         return CombineRule(singles, TVM_COMBINERS, max_exits=1, max_depth=8)
     if style == "arbitrary":

@@ -69,7 +69,9 @@ PLAN_PROTOCOL = {"warmup": 2, "warmup_ms": 100.0, "repeat": 11, "min_repeat_ms":
 # the fastest plan timed is not timed: untuned TVM ran a BERT-768 in 5.9 s (27 ms the best), 83 s
 # of a 10-minute search.
 HOPELESS = 10.0
-NOT_MEASURED = "not measured"  # how such a plan's measurement begins (the summary shows it as skipped)
+NOT_MEASURED = (
+    "not measured"  # how such a plan's measurement begins (the summary shows it as skipped)
+)
 MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regions
 # With a cost model, an unmeasured candidate enters the DP at this share of its predicted
 # cost: a prediction a little too high then still gets the candidate tried (measured) when
@@ -80,16 +82,33 @@ OPTIMISM = 0.8
 class SearchSession:
     """One search of one model over some backends; ``run`` it once."""
 
-    def __init__(self, model, backends: list[str], runner: Runner, store: MeasurementStore,
-                 options: TuneOptions) -> None:
-        self.model, self.backends, self.runner, self.store, self.options = model, backends, runner, store, options
+    def __init__(
+        self,
+        model,
+        backends: list[str],
+        runner: Runner,
+        store: MeasurementStore,
+        options: TuneOptions,
+    ) -> None:
+        self.model, self.backends, self.runner, self.store, self.options = (
+            model,
+            backends,
+            runner,
+            store,
+            options,
+        )
         self.progress = options.progress or Progress()
         self.graph, self.mod = model.graph, model.mod
         bf16 = registry.bf16_names(backends) if options.precision == "bf16" else ()
         fewer = registry.threads_per_region_names(backends) if options.one_thread_regions else ()
-        self.config = CompilationConfig.for_cpu(backends, options.threads, bf16=bf16, one_thread=fewer)
-        self.cands = [c for c in enumerate_candidates(self.mod, self.graph, self.config, options.pins)
-                      if schedulable(c)]
+        self.config = CompilationConfig.for_cpu(
+            backends, options.threads, bf16=bf16, one_thread=fewer
+        )
+        self.cands = [
+            c
+            for c in enumerate_candidates(self.mod, self.graph, self.config, options.pins)
+            if schedulable(c)
+        ]
         self.keys = {c: candidate_key(self.graph, c.subgraph.nodes, c.scope) for c in self.cands}
         # An autotuned backend's candidates mean nothing untuned: they wait for the tuning phase.
         self.autotuned = {b for b in backends if registry.get(b).autotuned}
@@ -98,7 +117,9 @@ class SearchSession:
         self.x: np.ndarray | None = None  # cost-model features, one row per candidate
         self.values: dict | None = None  # the model's intermediate values, once captured
         self.adjust: dict[SEScope, float] = {}
-        self.tuned: dict[str, str] = {}  # an autotuned candidate's key -> the key of its tuned measurement
+        self.tuned: dict[
+            str, str
+        ] = {}  # an autotuned candidate's key -> the key of its tuned measurement
         self.label_of: dict[str, str] = {}  # plan key -> the first label the plan was offered under
         self.features = {c: region_features(self.graph, c.subgraph.nodes) for c in self.cands}
         self.calibrated: set[str] = set()  # calibration keys this session measured
@@ -108,8 +129,12 @@ class SearchSession:
         return self.result.counts
 
     @cached_property
-    def module_file(self) -> Path:  # written when first sent: a search whose plans are all stored skips it
-        self._scratch = tempfile.TemporaryDirectory(prefix="partune-model-")  # removed with the session
+    def module_file(
+        self,
+    ) -> Path:  # written when first sent: a search whose plans are all stored skips it
+        self._scratch = tempfile.TemporaryDirectory(
+            prefix="partune-model-"
+        )  # removed with the session
         return module_file.write(self.mod, self._scratch.name)
 
     def run(self) -> TuneResult:
@@ -149,11 +174,15 @@ class SearchSession:
         for c in sorted(self.cands, key=lambda c: (len(c.subgraph), c.subgraph.nodes[0])):
             if keys[c] not in store and keys[c] not in todo and c.backend not in self.autotuned:
                 todo[keys[c]] = c
-        self.counts.reused = len({keys[c] for c in self.cands if c.backend not in self.autotuned}) - len(todo)
+        self.counts.reused = len(
+            {keys[c] for c in self.cands if c.backend not in self.autotuned}
+        ) - len(todo)
         if self.options.cost_model is not None and todo:
             self.x = features(self.graph, self.cands)
             self.predicted, todo = prune(self.cands, self.x, todo, self.options.cost_model)
-            self.counts.skipped = len({keys[c] for c in self.cands if keys[c] not in store}) - len(todo)
+            self.counts.skipped = len({keys[c] for c in self.cands if keys[c] not in store}) - len(
+                todo
+            )
         return todo
 
     def capture(self) -> dict:
@@ -161,8 +190,13 @@ class SearchSession:
         (captured where the runner says: ``Runner.captured``)."""
         self.progress.start_phase("capture the model's values", 1)
         try:
-            values = self.runner.captured(self.mod, self.graph, self.model.inputs, self.backends,
-                                          self.module_file if self.runner.reads_local_files else None)
+            values = self.runner.captured(
+                self.mod,
+                self.graph,
+                self.model.inputs,
+                self.backends,
+                self.module_file if self.runner.reads_local_files else None,
+            )
         except Exception as e:  # noqa: BLE001 - random inputs are the fallback, and it is reported
             self.result.inputs_from = f"random ({clean_error(last_line(e), 240)})"
             values = None
@@ -170,7 +204,9 @@ class SearchSession:
         trim()  # the whole-model build that captured them is gone: BERT-768 12 layers 4.4 -> 2.9 GB
         return values or {}
 
-    def measure_candidates(self, batch: dict[str, Candidate], meanwhile=None, phase: bool = True) -> None:
+    def measure_candidates(
+        self, batch: dict[str, Candidate], meanwhile=None, phase: bool = True
+    ) -> None:
         """Measure ``batch`` (key -> candidate) in order; a deadline stops it. ``meanwhile``
         runs once no key is left that another worker holds, before those are waited for.
         Without ``phase`` the measuring is part of the phase under way (a tuned region's)."""
@@ -181,9 +217,19 @@ class SearchSession:
         # Keys another worker holds are left for last: by then they are usually stored.
         held = {k for k in batch if self.store.claims.holder(k) is not None}
         order = [k for k in batch if k not in held] + [k for k in batch if k in held]
-        ahead = Lookahead(self.options.build_pool, order, lambda key: region_request(
-            self.mod, self.graph, batch[key].subgraph.nodes, batch[key].scope, CANDIDATE_PROTOCOL,
-            self.values or None, model_file=self.module_file if self.runner.reads_local_files else None))
+        ahead = Lookahead(
+            self.options.build_pool,
+            order,
+            lambda key: region_request(
+                self.mod,
+                self.graph,
+                batch[key].subgraph.nodes,
+                batch[key].scope,
+                CANDIDATE_PROTOCOL,
+                self.values or None,
+                model_file=self.module_file if self.runner.reads_local_files else None,
+            ),
+        )
         # Keys another worker is measuring are skipped, then waited for once the rest are done:
         # workers on one storage split the work instead of queueing behind each other.
         deferred = self._measure(batch, order, ahead, wait=False, shown=phase)
@@ -193,8 +239,14 @@ class SearchSession:
                 self.progress.start_phase("measure candidates", len(deferred))
         self._measure(batch, deferred, ahead, wait=True, shown=phase)
 
-    def _measure(self, batch: dict[str, Candidate], keys: list[str], ahead: Lookahead, wait: bool,
-                 shown: bool = True) -> list[str]:
+    def _measure(
+        self,
+        batch: dict[str, Candidate],
+        keys: list[str],
+        ahead: Lookahead,
+        wait: bool,
+        shown: bool = True,
+    ) -> list[str]:
         """Measure ``keys`` in order; without ``wait``, the keys other workers held are returned."""
         deadline, deferred = self.options.deadline, []
         for key in keys:
@@ -202,8 +254,13 @@ class SearchSession:
             if deadline is not None and time.monotonic() > deadline:
                 self.result.timed_out = True
                 break
-            m, took = self.obtain(key, lambda key=key: self.runner.run(ahead.request(key)),
-                                  f"{self.model.name} {c}", deadline, wait)
+            m, took = self.obtain(
+                key,
+                lambda key=key: self.runner.run(ahead.request(key)),
+                f"{self.model.name} {c}",
+                deadline,
+                wait,
+            )
             if m is None and not wait and (deadline is None or time.monotonic() <= deadline):
                 deferred.append(key)
                 continue
@@ -214,12 +271,15 @@ class SearchSession:
             if took:
                 self.result.trained.append((c, m))
             if shown:
-                self.progress.advance(f"{c.backend} {region_label(self.graph, c.subgraph.nodes, width=32)}: "
-                                      + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed"))
+                self.progress.advance(
+                    f"{c.backend} {region_label(self.graph, c.subgraph.nodes, width=32)}: "
+                    + (f"{m.cost_s * 1e6:.0f} us" if m.ok else "failed")
+                )
         return deferred
 
-    def obtain(self, key: str, take, label: str, deadline: float | None = None,
-               wait: bool = True) -> tuple[Measurement | None, bool]:
+    def obtain(
+        self, key: str, take, label: str, deadline: float | None = None, wait: bool = True
+    ) -> tuple[Measurement | None, bool]:
         """``store.obtain``, but a wait on another worker's claim looks again soon and backs
         off (``FIRST_POLL_S`` doubling to ``POLL_S``) instead of sleeping ``POLL_S`` each time."""
         pause = FIRST_POLL_S
@@ -235,7 +295,9 @@ class SearchSession:
         whichever worker claims it. ``early``: only the keys nobody holds are taken, and the
         result is not for use; later, without it, every key is read (or waited for)."""
         self.progress.start_phase("calibrate per-call costs", 2 * len(self.config.primitives))
-        return calibrate(self.runner, CalibrationView(self, early), self.config, Counts(), CANDIDATE_PROTOCOL)
+        return calibrate(
+            self.runner, CalibrationView(self, early), self.config, Counts(), CANDIDATE_PROTOCOL
+        )
 
     def learn(self) -> None:
         """Refit the cost model on everything measured of this model (from the model it
@@ -245,11 +307,17 @@ class SearchSession:
             idx, seconds = zip(*done, strict=True)
             model = self.options.cost_model.update(self.x[list(idx)], np.array(seconds))
             self.result.cost_model = model
-            self.predicted = dict(zip(self.cands, (float(v) for v in model.predict(self.x)), strict=True))
+            self.predicted = dict(
+                zip(self.cands, (float(v) for v in model.predict(self.x)), strict=True)
+            )
 
     def guess(self, c: Candidate) -> bool:
         """Whether ``c``'s cost is still the cost model's prediction (not yet measured)."""
-        return c in self.predicted and c.backend not in self.autotuned and self.keys[c] not in self.store
+        return (
+            c in self.predicted
+            and c.backend not in self.autotuned
+            and self.keys[c] not in self.store
+        )
 
     def cost(self, c: Candidate) -> float:
         """``c``'s cost inside the model: measured, else predicted (optimistically), else inf."""
@@ -258,7 +326,9 @@ class SearchSession:
             m = self.store.get(self.tuned[self.keys[c]]) if self.keys[c] in self.tuned else None
             return max(m.cost_s + adjust, 0.0) if m is not None and m.ok else float("inf")
         m = self.store.get(self.keys[c])
-        if m is None and c in self.predicted:  # not measured (pruned): the cost model's guess, for now,
+        if (
+            m is None and c in self.predicted
+        ):  # not measured (pruned): the cost model's guess, for now,
             # taken optimistically so that the DP tries (and so measures) near misses
             return max(self.predicted[c] * OPTIMISM + adjust, 0.0)
         if m is None or not m.ok:
@@ -267,13 +337,19 @@ class SearchSession:
 
     def stored_cost(self, region: Region) -> float | None:
         """A region's cost if it was measured as a candidate (single-backend plans' regions)."""
-        m = self.store.get(candidate_key(self.graph, tuple(sorted(set(region.nodes))), region.scope))
+        m = self.store.get(
+            candidate_key(self.graph, tuple(sorted(set(region.nodes))), region.scope)
+        )
         return m.cost_s if m is not None and m.ok else None
 
     # -- plans ------------------------------------------------------------------------
 
-    def dp(self, allowed: set[str], border: BorderModel | None = None,
-           precisions: tuple[str, ...] = ("f32", "bf16")) -> tuple[Cover, Plan] | None:
+    def dp(
+        self,
+        allowed: set[str],
+        border: BorderModel | None = None,
+        precisions: tuple[str, ...] = ("f32", "bf16"),
+    ) -> tuple[Cover, Plan] | None:
         """The cheapest cover over ``allowed`` backends in ``precisions``; predicted regions it
         picks are measured."""
         border = border or BorderModel()
@@ -283,8 +359,13 @@ class SearchSession:
 
         for rounds_left in range(MAX_PREDICTED_ROUNDS, -1, -1):
             # The last round trusts no prediction: only measured candidates are left in it.
-            usable = [c for c in self.cands if c.backend in allowed and c.scope.compute_precision in precisions
-                      and (rounds_left or not self.guess(c))]
+            usable = [
+                c
+                for c in self.cands
+                if c.backend in allowed
+                and c.scope.compute_precision in precisions
+                and (rounds_left or not self.guess(c))
+            ]
             try:
                 cover = cheapest_cover(self.graph, usable, priced)
             except NoCoverError:
@@ -296,8 +377,13 @@ class SearchSession:
             self.measure_candidates(guessed)
             self.learn()
         regions = tuple(Region(c.subgraph.nodes, c.scope, self.cost(c)) for c in cover.candidates)
-        return cover, Plan(self.model.name, self.graph.fingerprint, self.config, regions,
-                           notes={"kind": "collage dp", "estimate_s": cover.cost_s})
+        return cover, Plan(
+            self.model.name,
+            self.graph.fingerprint,
+            self.config,
+            regions,
+            notes={"kind": "collage dp", "estimate_s": cover.cost_s},
+        )
 
     def offer(self, label: str, plan: Plan, always: bool = False) -> bool:
         """Make ``plan`` a contender under ``label``; False when an equal plan already is one."""
@@ -319,16 +405,25 @@ class SearchSession:
                     added.append(label)
         return added
 
-    def measure(self, plan: Plan, label: str, fresh: bool = False, wait: bool = True) -> Measurement | None:
+    def measure(
+        self, plan: Plan, label: str, fresh: bool = False, wait: bool = True
+    ) -> Measurement | None:
         """``plan`` end to end; ``fresh``: in a new worker process, so its peak memory is its own.
         Without ``wait``, None when another worker is measuring it (come back for it)."""
-        m, took = self.obtain(plan_key(plan) + (":fresh" if fresh else ""), lambda: self.runner.run(
-            plan_request(self.module_file, plan, self.model.inputs, PLAN_PROTOCOL, fresh)), f"{self.model.name} {label}",
-            wait=wait)
+        m, took = self.obtain(
+            plan_key(plan) + (":fresh" if fresh else ""),
+            lambda: self.runner.run(
+                plan_request(self.module_file, plan, self.model.inputs, PLAN_PROTOCOL, fresh)
+            ),
+            f"{self.model.name} {label}",
+            wait=wait,
+        )
         if m is None:
             return None
         self.counts.took(took, m.ok)
-        m = budgeted(m, self.options.tolerance)  # a plan beyond the accuracy budget is a failed plan
+        m = budgeted(
+            m, self.options.tolerance
+        )  # a plan beyond the accuracy budget is a failed plan
         self.progress.advance(f"{label}: " + (f"{m.cost_s * 1e3:.3f} ms" if m.ok else "failed"))
         return m
 
@@ -341,8 +436,11 @@ class SearchSession:
         """Measure these contenders end to end (recorded in their order): the ones no other
         worker is measuring first, then the rest, waited for; workers sharing the search
         split the plans instead of queueing behind one another."""
-        measured = {label: m for label, plan in plans.items()
-                    if (m := self.measure(plan, label, wait=False)) is not None}
+        measured = {
+            label: m
+            for label, plan in plans.items()
+            if (m := self.measure(plan, label, wait=False)) is not None
+        }
         for label, plan in plans.items():
             self.result.end_to_end[label] = measured.get(label) or self.measure(plan, label)
 
@@ -353,22 +451,45 @@ class SearchSession:
             self.result.cover, self.result.dp_plan = found
             self.result.dp_label = "partune dp"
             self.offer("partune dp", found[1])
-        if "bf16" in self.config.precisions and (f32 := self.dp(set(self.backends), precisions=("f32",))):
-            self.offer("partune dp (f32)", f32[1])  # what the DP takes without bf16: never emitted slower
+        if "bf16" in self.config.precisions and (
+            f32 := self.dp(set(self.backends), precisions=("f32",))
+        ):
+            self.offer(
+                "partune dp (f32)", f32[1]
+            )  # what the DP takes without bf16: never emitted slower
         self.second_opinions()
         proposed = dict(self.result.plans)
         for b in self.backends:
-            if b not in self.autotuned:  # all of a model tuned as one region: not what tuning is budgeted for
+            if (
+                b not in self.autotuned
+            ):  # all of a model tuned as one region: not what tuning is budgeted for
                 for precision, threads in self.config.variants:
-                    if any(s.backend == b and (s.compute_precision, s.threads) == (precision, threads)
-                           for s in self.config.primitives):
-                        self.offer(f"{b}-only" + variant_label(precision, threads),
-                                   backend_plan(self.model.name, self.mod, self.graph, self.config, b, precision,
-                                                threads), always=True)
-        self.progress.start_phase("measure plans end to end", len(self.result.plans) + BORDER_ROUNDS)
+                    if any(
+                        s.backend == b and (s.compute_precision, s.threads) == (precision, threads)
+                        for s in self.config.primitives
+                    ):
+                        self.offer(
+                            f"{b}-only" + variant_label(precision, threads),
+                            backend_plan(
+                                self.model.name,
+                                self.mod,
+                                self.graph,
+                                self.config,
+                                b,
+                                precision,
+                                threads,
+                            ),
+                            always=True,
+                        )
+        self.progress.start_phase(
+            "measure plans end to end", len(self.result.plans) + BORDER_ROUNDS
+        )
         self.end_to_end_all(proposed)
-        self.end_to_end_all(self.worth_timing({label: plan for label, plan in self.result.plans.items()
-                                               if label not in proposed}))
+        self.end_to_end_all(
+            self.worth_timing(
+                {label: plan for label, plan in self.result.plans.items() if label not in proposed}
+            )
+        )
         if "partune dp" in self.result.plans and overran(self.result.end_to_end["partune dp"]):
             repair(self, self.result.plans["partune dp"], "partune dp")
 
@@ -377,9 +498,14 @@ class SearchSession:
         add up to ``HOPELESS`` times the fastest plan timed: they are recorded as not measured.
         (TVM's bf16 ran a matmul 3.6x faster than its f32, not 10x: mobilevit's 261 ms was timed.)"""
         native = self.config.default
-        natives = [label for label, plan in plans.items()
-                   if all(replace(r.scope, precision=None) == native for r in plan.regions)]
-        timed = natives and self.fastest_timed() < float("inf")  # else nothing to be hopeless against
+        natives = [
+            label
+            for label, plan in plans.items()
+            if all(replace(r.scope, precision=None) == native for r in plan.regions)
+        ]
+        timed = natives and self.fastest_timed() < float(
+            "inf"
+        )  # else nothing to be hopeless against
         found = self.dp({native.backend}, precisions=(native.compute_precision,)) if timed else None
         skipped = self.hopeless(found[0].cost_s) if found is not None else None
         if skipped is None:
@@ -391,7 +517,9 @@ class SearchSession:
 
     def fastest_timed(self) -> float:
         """The fastest end-to-end time of any plan so far (inf: none timed yet)."""
-        return min((m.cost_s for m in self.result.end_to_end.values() if m.ok), default=float("inf"))
+        return min(
+            (m.cost_s for m in self.result.end_to_end.values() if m.ok), default=float("inf")
+        )
 
     def hopeless(self, estimate_s: float) -> Measurement | None:
         """Why a plan whose measured regions add up to ``estimate_s`` is not worth timing: over
@@ -400,8 +528,10 @@ class SearchSession:
         best = self.fastest_timed()
         if not estimate_s > HOPELESS * best:
             return None
-        return Measurement.failed(f"{NOT_MEASURED}: its regions add up to {estimate_s * 1e3:.1f} ms, "
-                                  f"{estimate_s / best:.0f}x the fastest plan timed")
+        return Measurement.failed(
+            f"{NOT_MEASURED}: its regions add up to {estimate_s * 1e3:.1f} ms, "
+            f"{estimate_s / best:.0f}x the fastest plan timed"
+        )
 
     # -- refinement and the finalists -------------------------------------------------
 
@@ -411,22 +541,46 @@ class SearchSession:
         from partune.search.verdict import refine_study_name
 
         opts, result = self.options, self.result
-        trials, patience = (opts.refine_trials, None) if opts.refine_trials is not None else (TRIALS_CAP, PATIENCE)
+        trials, patience = (
+            (opts.refine_trials, None) if opts.refine_trials is not None else (TRIALS_CAP, PATIENCE)
+        )
         if trials <= 0 or result.dp_plan is None:
             return
-        self.progress.start_phase("refine plans end to end (Optuna" + (", NSGA-II" if opts.memory else "") +
-                                  (", until it converges)" if patience else ")"), trials if not patience else 0)
-        accepted = {b: accepted_nodes(self.mod["main"], b) for b in self.backends if b not in self.autotuned}
-        space = search_space(result.dp_plan, self.config, accepted, bf16_nodes(self.mod["main"], self.config))
+        self.progress.start_phase(
+            "refine plans end to end (Optuna"
+            + (", NSGA-II" if opts.memory else "")
+            + (", until it converges)" if patience else ")"),
+            trials if not patience else 0,
+        )
+        accepted = {
+            b: accepted_nodes(self.mod["main"], b) for b in self.backends if b not in self.autotuned
+        }
+        space = search_space(
+            result.dp_plan, self.config, accepted, bf16_nodes(self.mod["main"], self.config)
+        )
         result.refine_study = refine_study_name(self.graph, result.dp_plan, opts.memory, space)
 
-        def measure(p: Plan) -> Measurement:  # a variant whose measured regions alone are hopeless: not timed
+        def measure(
+            p: Plan,
+        ) -> Measurement:  # a variant whose measured regions alone are hopeless: not timed
             known = sum(c for r in p.regions if (c := self.stored_cost(r)) is not None)
             return self.hopeless(known) or self.measure(p, "refine variant", fresh=opts.memory)
 
-        refined = refine(self.graph, result.dp_plan, self.config, accepted, measure, self.store.storage,
-                         result.refine_study, trials, deadline=opts.deadline, memory=opts.memory,
-                         claims=self.store.claims, patience=patience, space=space)
+        refined = refine(
+            self.graph,
+            result.dp_plan,
+            self.config,
+            accepted,
+            measure,
+            self.store.storage,
+            result.refine_study,
+            trials,
+            deadline=opts.deadline,
+            memory=opts.memory,
+            claims=self.store.claims,
+            patience=patience,
+            space=space,
+        )
         result.refined = refined
         if refined is not None:
             result.front = refined.front
@@ -443,20 +597,31 @@ class SearchSession:
 
         previous, result = self.options.previous, self.result
         # A model-file plan is not rebuilt here: its library meets the plans as a peer again.
-        if previous is not None and previous.fingerprint == self.graph.fingerprint and previous.model_file is None:
+        if (
+            previous is not None
+            and previous.fingerprint == self.graph.fingerprint
+            and previous.model_file is None
+        ):
             if self.offer("previous best", previous):  # a resumed job never emits worse than before
                 self.end_to_end("previous best", previous)
         ok = {label: m for label, m in result.end_to_end.items() if m.ok}
         if not ok:
             # The model, as offered, runs nowhere: the user's to change (one line, exit 2).
-            raise PartuneError("no plan could be built and run: " +
-                               "; ".join(f"{k}: {clean_error(m.error or '')}" for k, m in result.end_to_end.items()))
+            raise PartuneError(
+                "no plan could be built and run: "
+                + "; ".join(
+                    f"{k}: {clean_error(m.error or '')}" for k, m in result.end_to_end.items()
+                )
+            )
         picked: dict[str, str] = {}  # plan key -> label: one label per distinct plan
         mirrors = [f"{b}-only" for b in self.backends if registry.get(b).level.value == "compiler"]
         f32 = None  # with bf16 on offer, the fastest all-f32 plan is in too: never emitted slower
         if "bf16" in self.config.precisions:
-            f32 = min((label for label in ok if not has_bf16(result.plans[label])), key=lambda label: ok[label].cost_s,
-                      default=None)
+            f32 = min(
+                (label for label in ok if not has_bf16(result.plans[label])),
+                key=lambda label: ok[label].cost_s,
+                default=None,
+            )
         for label in sorted(ok, key=lambda label: ok[label].cost_s):
             key = plan_key(result.plans[label])
             if (len(picked) < FINALISTS or label in mirrors or label == f32) and key not in picked:

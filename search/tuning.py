@@ -30,10 +30,23 @@ from partune.core import DataflowGraph, region_key
 from partune.search.candidates import Candidate
 
 # What tuning typically buys over TVM's default schedules, per op kind (the region's best).
-TYPICAL_SPEEDUP = {"matmul": 10.0, "nn.conv2d": 10.0, "nn.conv1d": 10.0, "nn.conv2d_transpose": 10.0,
-                   "nn.dense": 10.0, "nn.attention": 10.0, "nn.softmax": 3.0, "nn.layer_norm": 3.0,
-                   "nn.batch_norm": 3.0, "nn.rms_norm": 3.0, "mean": 3.0, "sum": 3.0, "max": 3.0,
-                   "nn.max_pool2d": 3.0, "nn.avg_pool2d": 3.0}
+TYPICAL_SPEEDUP = {
+    "matmul": 10.0,
+    "nn.conv2d": 10.0,
+    "nn.conv1d": 10.0,
+    "nn.conv2d_transpose": 10.0,
+    "nn.dense": 10.0,
+    "nn.attention": 10.0,
+    "nn.softmax": 3.0,
+    "nn.layer_norm": 3.0,
+    "nn.batch_norm": 3.0,
+    "nn.rms_norm": 3.0,
+    "mean": 3.0,
+    "sum": 3.0,
+    "max": 3.0,
+    "nn.max_pool2d": 3.0,
+    "nn.avg_pool2d": 3.0,
+}
 OTHER_SPEEDUP = 1.4  # element-wise and data movement (measured on gpt2-small's glue)
 
 
@@ -55,8 +68,9 @@ def anchor_kind(graph: DataflowGraph, nodes: tuple[int, ...]) -> str:
     return max(known, key=TYPICAL_SPEEDUP.__getitem__, default="other")
 
 
-def expected_speedup(kind: str, achieved: Mapping[str, Sequence[float]] | None = None,
-                     optimism: float = 1.0) -> float:
+def expected_speedup(
+    kind: str, achieved: Mapping[str, Sequence[float]] | None = None, optimism: float = 1.0
+) -> float:
     """What tuning should bring a region of ``kind`` (``anchor_kind``): its prior, or, once regions of that
     kind were tuned in this run, the geometric mean of the prior and what they achieved
     (measured, untuned / tuned), so a wrong prior is corrected after one or two regions.
@@ -69,9 +83,15 @@ def expected_speedup(kind: str, achieved: Mapping[str, Sequence[float]] | None =
     return math.exp(sum(map(math.log, [prior, *seen])) / (1 + len(seen)))
 
 
-def tuning_order(graph: DataflowGraph, tunable: list[Candidate], others: list[Candidate],
-                 cost: Callable[[Candidate], float], native: str,
-                 achieved: Mapping[str, Sequence[float]] | None = None, optimism: float = 1.0) -> list[TuningChoice]:
+def tuning_order(
+    graph: DataflowGraph,
+    tunable: list[Candidate],
+    others: list[Candidate],
+    cost: Callable[[Candidate], float],
+    native: str,
+    achieved: Mapping[str, Sequence[float]] | None = None,
+    optimism: float = 1.0,
+) -> list[TuningChoice]:
     """The tunable candidates worth tuning, most expected gain first.
 
     ``others`` are the measured candidates of every other backend; ``cost`` gives their
@@ -87,7 +107,11 @@ def tuning_order(graph: DataflowGraph, tunable: list[Candidate], others: list[Ca
             untuned[nodes] = min(untuned.get(nodes, math.inf), x)
         else:
             best[nodes] = min(best.get(nodes, math.inf), x)
-    single = {n[0]: min(best.get(n, math.inf), untuned.get(n, math.inf)) for n in {*best, *untuned} if len(n) == 1}
+    single = {
+        n[0]: min(best.get(n, math.inf), untuned.get(n, math.inf))
+        for n in {*best, *untuned}
+        if len(n) == 1
+    }
     groups: dict[str, list[Candidate]] = {}
     for c in tunable:
         groups.setdefault(region_key(graph, c.subgraph.nodes), []).append(c)
@@ -105,6 +129,9 @@ def tuning_order(graph: DataflowGraph, tunable: list[Candidate], others: list[Ca
         estimate = untuned[nodes] / speedup
         gain = (min(other, untuned[nodes]) - estimate) * len(members)
         if gain > 0 and math.isfinite(gain):
-            out.append(TuningChoice(c, gain, len(members), other, estimate, untuned[nodes],
-                                    kind, structure))
+            out.append(
+                TuningChoice(
+                    c, gain, len(members), other, estimate, untuned[nodes], kind, structure
+                )
+            )
     return sorted(out, key=lambda t: -t.gain_s)

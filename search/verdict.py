@@ -64,37 +64,54 @@ def fit_in_memory(s: SessionView, finalists: dict[str, Plan]) -> dict[str, Plan]
         return finalists
     weights = sum(node.const_bytes for node in s.graph.nodes)
     e2e = s.result.end_to_end
-    size = {label: (e2e[label].peak_bytes if label in e2e and e2e[label].peak_bytes else PLAN_PER_WEIGHT * weights)
-            for label in finalists}
-    fixed = (MODEL_PER_WEIGHT + PEER_PER_WEIGHT * len(_wanted(s))) * weights  # the peers judge will build
+    size = {
+        label: (
+            e2e[label].peak_bytes
+            if label in e2e and e2e[label].peak_bytes
+            else PLAN_PER_WEIGHT * weights
+        )
+        for label in finalists
+    }
+    fixed = (
+        MODEL_PER_WEIGHT + PEER_PER_WEIGHT * len(_wanted(s))
+    ) * weights  # the peers judge will build
     kept = sorted(finalists, key=lambda label: e2e[label].cost_s if label in e2e else float("inf"))
     while len(kept) > 1 and fixed + sum(size[label] for label in kept) > MEMORY_SHARE * free:
         kept.pop()
     if len(kept) < len(finalists):
         gone = [label for label in finalists if label not in kept]
-        s.result.verdict.left_out = (f"{', '.join(gone)} left out: the contenders would need about "
-                                     f"{(fixed + sum(size.values())) / 2**30:.1f} GB, "
-                                     f"{free / 2**30:.1f} GB was free")
+        s.result.verdict.left_out = (
+            f"{', '.join(gone)} left out: the contenders would need about "
+            f"{(fixed + sum(size.values())) / 2**30:.1f} GB, "
+            f"{free / 2**30:.1f} GB was free"
+        )
     return {label: finalists[label] for label in finalists if label in kept}
 
 
-def refine_study_name(graph: DataflowGraph, dp_plan: Plan, memory: bool, space: list[list[str]]) -> str:
+def refine_study_name(
+    graph: DataflowGraph, dp_plan: Plan, memory: bool, space: list[list[str]]
+) -> str:
     """The refinement study of a model's DP plan over ``space`` (``partune.search.refine.search_space``):
     the same for every worker and every rerun. A rerun whose choices changed (a backend now
     offers more) starts a study of its own; variants timed before are read from the store."""
-    return (f"refine:{graph.fingerprint}:{plan_key(dp_plan)}:{digest(space, 8)}"
-            + (":latency+memory" if memory else ""))
+    return f"refine:{graph.fingerprint}:{plan_key(dp_plan)}:{digest(space, 8)}" + (
+        ":latency+memory" if memory else ""
+    )
 
 
 def _wanted(s: SessionView) -> tuple[str, ...]:
     """The peers of the verdict: those asked for that the model can have (with bf16 on offer,
     the bf16 peers of the libraries asked for too)."""
     bf16 = BF16_PEERS if "bf16" in s.config.precisions else ()
-    return available_peers(s.model, s.options.peers + tuple(p for p in bf16 if p.split()[0] in s.options.peers))
+    return available_peers(
+        s.model, s.options.peers + tuple(p for p in bf16 if p.split()[0] in s.options.peers)
+    )
 
 
 def _verdict_key(s: SessionView, finalists: dict[str, Plan], wanted: tuple[str, ...]) -> str:
-    return verdict_key(s.graph.fingerprint, {label: plan_key(p) for label, p in finalists.items()}, wanted)
+    return verdict_key(
+        s.graph.fingerprint, {label: plan_key(p) for label, p in finalists.items()}, wanted
+    )
 
 
 def await_verdict(s: SessionView, finalists: dict[str, Plan]) -> None:
@@ -109,8 +126,12 @@ def await_verdict(s: SessionView, finalists: dict[str, Plan]) -> None:
     claims, pause, waited = s.store.claims, FIRST_POLL_S, False
     # Not past the claim's time to live: a dead worker's claim is then judge's to take over.
     until = time.monotonic() + getattr(claims, "ttl_s", 0.0)
-    while (time.monotonic() < until and (holder := claims.holder(key)) not in (None, claims.owner)
-           and alive(holder) and not claims.is_done(key)):
+    while (
+        time.monotonic() < until
+        and (holder := claims.holder(key)) not in (None, claims.owner)
+        and alive(holder)
+        and not claims.is_done(key)
+    ):
         if not waited:
             s.progress.start_phase("plans vs peers, interleaved by another worker: waiting", 1)
         time.sleep(pause)
@@ -133,7 +154,9 @@ def judge(s: SessionView, finalists: dict[str, Plan]) -> None:
         if store.claims.claim(key) or _never_stored(store, key, labels):
             specs = peer_specs(model, wanted, s.module_file.parent)
             request = compare_request(s.module_file, finalists, specs, model.inputs, VERDICT_ROUNDS)
-            measured = s.runner.compare(request, timeout_s=max(VERDICT_TIMEOUT_S, s.runner.timeout_s))
+            measured = s.runner.compare(
+                request, timeout_s=max(VERDICT_TIMEOUT_S, s.runner.timeout_s)
+            )
             for label, m in measured.items():
                 store.put(key + label, m, f"{model.name} verdict {label}")
             store.claims.done(key)
@@ -144,8 +167,13 @@ def judge(s: SessionView, finalists: dict[str, Plan]) -> None:
     else:
         measured = {label: store.get(key + label) for label in labels}
         counts.reused += len(labels)
-    s.result.verdict = Verdict(measured, tuple(peer_label(p, model) for p in wanted), s.options.threads,
-                               s.options.tolerance, s.result.verdict.left_out)
+    s.result.verdict = Verdict(
+        measured,
+        tuple(peer_label(p, model) for p in wanted),
+        s.options.threads,
+        s.options.tolerance,
+        s.result.verdict.left_out,
+    )
     best = min((m.median_s for m in measured.values() if m.ok), default=float("nan"))
     s.progress.advance(f"fastest median {best * 1e3:.3f} ms")
 
@@ -163,7 +191,11 @@ def fastest_library_peer(verdict: Verdict) -> str | None:
     """The verdict's fastest library peer on the model's own graph (onnxruntime, OpenVINO):
     the one a model-file plan can be made of. None when no such peer ran."""
     ms = verdict.measurements
-    ok = [p for p in verdict.peers if peer_kind(p) in LIBRARY_PEERS and ms.get(p) is not None and ms[p].ok]
+    ok = [
+        p
+        for p in verdict.peers
+        if peer_kind(p) in LIBRARY_PEERS and ms.get(p) is not None and ms[p].ok
+    ]
     return min(ok, key=lambda p: ms[p].median_s) if ok else None
 
 
@@ -182,13 +214,23 @@ def emit(s: SessionView, finalists: dict[str, Plan]) -> None:
     notes = {**chosen.notes, **_search_notes(s, best, ok)}
     file_peer = fastest_library_peer(result.verdict)
     file = None
-    if file_peer is not None and (not judged or verdict[file_peer].median_s < judged[best].median_s):
+    if file_peer is not None and (
+        not judged or verdict[file_peer].median_s < judged[best].median_s
+    ):
         # No plan beat a library on the model's own file: that is the plan (never slower than it).
-        file = ModelFile(peer_kind(file_peer), model_origin(s.model), getattr(s.model, "onnx_sha256", None))
-        notes = {k: v for k, v in notes.items() if k not in ("rel_error", "tolerance")}  # the file is f32
-        notes |= {"kind": "model file", "chosen_as": file_peer, "measured_s": verdict[file_peer].cost_s,
-                  "best_partitioned": best,
-                  "best_partitioned_median_s": judged[best].median_s if judged else None}
+        file = ModelFile(
+            peer_kind(file_peer), model_origin(s.model), getattr(s.model, "onnx_sha256", None)
+        )
+        notes = {
+            k: v for k, v in notes.items() if k not in ("rel_error", "tolerance")
+        }  # the file is f32
+        notes |= {
+            "kind": "model file",
+            "chosen_as": file_peer,
+            "measured_s": verdict[file_peer].cost_s,
+            "best_partitioned": best,
+            "best_partitioned_median_s": judged[best].median_s if judged else None,
+        }
         best, judged = file_peer, {file_peer: verdict[file_peer]}
     if (peer := result.verdict.best_peer) is not None and best in judged:
         ratio = verdict[peer].median_s / judged[best].median_s
@@ -196,8 +238,10 @@ def emit(s: SessionView, finalists: dict[str, Plan]) -> None:
     if file is not None:
         result.plan = model_file_plan(s.model.name, s.graph, s.config, file, notes)
     else:
-        regions = tuple(r if r.cost_s is not None else Region(r.nodes, r.scope, s.stored_cost(r))
-                        for r in chosen.regions)
+        regions = tuple(
+            r if r.cost_s is not None else Region(r.nodes, r.scope, s.stored_cost(r))
+            for r in chosen.regions
+        )
         result.plan = Plan(chosen.model, chosen.fingerprint, chosen.config, regions, notes=notes)
 
 
@@ -205,21 +249,49 @@ def _search_notes(s: SessionView, best: str, ok: dict[str, Measurement]) -> dict
     """What the plan's notes record of the search behind it."""
     result = s.result
     verdict = result.verdict.measurements
-    notes = {"chosen_as": best, "measured_s": ok[best].cost_s,
-             **({"rel_error": ok[best].rel_error, "tolerance": s.options.tolerance}
-                if ok[best].rel_error is not None else {}),
-             "end_to_end_s": {k: v.cost_s for k, v in ok.items()},
-             "verdict_median_s": {k: v.median_s for k, v in verdict.items() if v.ok},
-             "peers": list(result.verdict.peers),
-             # (a plan's error is in its end-to-end measurement, a peer's in the verdict's)
-             **({"rel_errors": errors} if (errors := {k: m.rel_error for k, m in [*verdict.items(), *ok.items()]
-                                                      if m.rel_error is not None}) else {}),
-             "peers_unavailable": {k: clean_error(v.error or "") for k, v in verdict.items()
-                                   if k in result.verdict.peers and not v.ok}}
+    notes = {
+        "chosen_as": best,
+        "measured_s": ok[best].cost_s,
+        **(
+            {"rel_error": ok[best].rel_error, "tolerance": s.options.tolerance}
+            if ok[best].rel_error is not None
+            else {}
+        ),
+        "end_to_end_s": {k: v.cost_s for k, v in ok.items()},
+        "verdict_median_s": {k: v.median_s for k, v in verdict.items() if v.ok},
+        "peers": list(result.verdict.peers),
+        # (a plan's error is in its end-to-end measurement, a peer's in the verdict's)
+        **(
+            {"rel_errors": errors}
+            if (
+                errors := {
+                    k: m.rel_error
+                    for k, m in [*verdict.items(), *ok.items()]
+                    if m.rel_error is not None
+                }
+            )
+            else {}
+        ),
+        "peers_unavailable": {
+            k: clean_error(v.error or "")
+            for k, v in verdict.items()
+            if k in result.verdict.peers and not v.ok
+        },
+    }
     if result.dp_label is not None:
-        notes |= {"dp_label": result.dp_label, "dp_estimate_s": result.dp_estimate_s,
-                  "border_model": result.border.describe()}
+        notes |= {
+            "dp_label": result.dp_label,
+            "dp_estimate_s": result.dp_estimate_s,
+            "border_model": result.border.describe(),
+        }
     if result.front:
-        notes["pareto_front"] = [{"latency_s": m.cost_s, "peak_bytes": m.peak_bytes, "backends": list(p.backends),
-                                  "regions": len(p.regions)} for p, m in result.front]
+        notes["pareto_front"] = [
+            {
+                "latency_s": m.cost_s,
+                "peak_bytes": m.peak_bytes,
+                "backends": list(p.backends),
+                "regions": len(p.regions),
+            }
+            for p, m in result.front
+        ]
     return notes

@@ -22,8 +22,25 @@ __all__ = [
     "worker_id",
 ]
 
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "activity": ("fleet_activity",),
-    "claims": ("Claims", "alive", "pid_alive", "worker_id",),
-    "measurements": ("FIRST_POLL_S", "MEMORY", "MeasurementStore", "POLL_S", "STUDY_PREFIX", "read_measurements", "shown", "with_driver",),
-})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "activity": ("fleet_activity",),
+        "claims": (
+            "Claims",
+            "alive",
+            "pid_alive",
+            "worker_id",
+        ),
+        "measurements": (
+            "FIRST_POLL_S",
+            "MEMORY",
+            "MeasurementStore",
+            "POLL_S",
+            "STUDY_PREFIX",
+            "read_measurements",
+            "shown",
+            "with_driver",
+        ),
+    },
+)

@@ -31,7 +31,9 @@ class DeviceActivity:
     workers: tuple[WorkerActivity, ...]  # seen within the window, latest first
 
 
-def fleet_activity(storage, window_s: float = 600.0, now: dt.datetime | None = None) -> list[DeviceActivity]:
+def fleet_activity(
+    storage, window_s: float = 600.0, now: dt.datetime | None = None
+) -> list[DeviceActivity]:
     """Per device study in ``storage``: its measurements, the rate over the last
     ``window_s`` and the workers that stored one in that window."""
     now = now or dt.datetime.now()
@@ -39,7 +41,9 @@ def fleet_activity(storage, window_s: float = 600.0, now: dt.datetime | None = N
     for summary in optuna.get_all_study_summaries(storage):
         if not summary.study_name.startswith(STUDY_PREFIX):
             continue
-        trials = optuna.load_study(study_name=summary.study_name, storage=storage).get_trials(deepcopy=False)
+        trials = optuna.load_study(study_name=summary.study_name, storage=storage).get_trials(
+            deepcopy=False
+        )
         seen: dict[str, list[float]] = {}
         for t in trials:
             when = t.datetime_complete or t.datetime_start
@@ -47,9 +51,19 @@ def fleet_activity(storage, window_s: float = 600.0, now: dt.datetime | None = N
             if age <= window_s:
                 who = t.user_attrs.get("worker") or f"?:{t.user_attrs.get('pid', '?')}"
                 seen.setdefault(who, []).append(age)
-        workers = tuple(sorted((WorkerActivity(w, min(ages), len(ages)) for w, ages in seen.items()),
-                               key=lambda a: a.last_s))
+        workers = tuple(
+            sorted(
+                (WorkerActivity(w, min(ages), len(ages)) for w, ages in seen.items()),
+                key=lambda a: a.last_s,
+            )
+        )
         recent = sum(a.recent for a in workers)
-        out.append(DeviceActivity(summary.study_name[len(STUDY_PREFIX):], len(trials),
-                                  recent / (window_s / 60.0), workers))
+        out.append(
+            DeviceActivity(
+                summary.study_name[len(STUDY_PREFIX) :],
+                len(trials),
+                recent / (window_s / 60.0),
+                workers,
+            )
+        )
     return out

@@ -58,8 +58,14 @@ class MeasurementStore:
     RECHECK = 1000  # trial ids below the newest seen that a poll reads again (late commits)
     CACHE = 100_000  # keys (stored or known not stored) kept in memory, on a SQL storage (~60 MB)
 
-    def __init__(self, storage_url: str, device: str, claim_ttl_s: float = 1800.0,
-                 heartbeat_s: int | None = 60, retry_failed: bool = False) -> None:
+    def __init__(
+        self,
+        storage_url: str,
+        device: str,
+        claim_ttl_s: float = 1800.0,
+        heartbeat_s: int | None = 60,
+        retry_failed: bool = False,
+    ) -> None:
         """``claim_ttl_s``: how long a key claimed by a worker that died stays blocked.
         ``retry_failed``: a stored failure is taken again, once per key and run (after a
         fix, or when the failure was the machine's, not the candidate's).
@@ -70,12 +76,18 @@ class MeasurementStore:
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         heartbeat = {}
         if heartbeat_s:
-            heartbeat = {"heartbeat_interval": heartbeat_s, "grace_period": 2 * heartbeat_s,
-                         "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2)}
+            heartbeat = {
+                "heartbeat_interval": heartbeat_s,
+                "grace_period": 2 * heartbeat_s,
+                "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(
+                    max_retry=2
+                ),
+            }
         self.storage, self.claims = _open(storage_url, heartbeat, claim_ttl_s, device)
         self.device = device
-        self.study = optuna.create_study(study_name=STUDY_PREFIX + device, storage=self.storage,
-                                         load_if_exists=True)
+        self.study = optuna.create_study(
+            study_name=STUDY_PREFIX + device, storage=self.storage, load_if_exists=True
+        )
         self._sql = isinstance(self.storage, optuna.storages.RDBStorage)
         # A server database may go away for a while (a restart): reads and writes wait for it.
         wait_s = outage_wait(storage_url)
@@ -89,7 +101,10 @@ class MeasurementStore:
         self._postgres = dialect == "postgresql"
         # Measurements are written straight into Optuna's tables where they are the ones this
         # code knows (``_sql_insert``); elsewhere through Optuna.
-        self._direct = dialect in ("sqlite", "postgresql") and self.storage.get_current_version() == OPTUNA_SCHEMA
+        self._direct = (
+            dialect in ("sqlite", "postgresql")
+            and self.storage.get_current_version() == OPTUNA_SCHEMA
+        )
         self._cache: OrderedDict[str, Measurement | None] = OrderedDict()  # None: not stored
         self.rows_read = 0  # by the last refresh: what a poll costs
         self.rows_loaded = 0  # by this store since it opened (open, lookups, polls)
@@ -132,8 +147,13 @@ class MeasurementStore:
             # What is new lies above the newest seen; a late commit, in the window below it,
             # shows as one trial more there than seen (trials are never deleted one by one).
             low, start = self._newest - self.RECHECK, self._newest
-            there = self._scalar("SELECT count(*) FROM trials WHERE study_id = :study AND trial_id > :low "
-                                 "AND trial_id <= :newest", study=self.study._study_id, low=low, newest=start)
+            there = self._scalar(
+                "SELECT count(*) FROM trials WHERE study_id = :study AND trial_id > :low "
+                "AND trial_id <= :newest",
+                study=self.study._study_id,
+                low=low,
+                newest=start,
+            )
             if there != sum(1 for i in self._seen if low < i <= start):
                 ids = self._ids_since(low)
                 start = min((i - 1 for i in ids if i not in self._seen), default=start)
@@ -194,34 +214,43 @@ class MeasurementStore:
             rows = self._rows_of(key)
             self.rows_loaded += len(rows)
             self._failures_at_start[key] = sum(
-                1 for trial_id, m in rows if trial_id <= self._started and not Measurement(**m).ok)
+                1 for trial_id, m in rows if trial_id <= self._started and not Measurement(**m).ok
+            )
         return self._failures_at_start.get(key, 0)
 
     def _optuna_rows(self) -> list[tuple[int, str, dict]]:
         """(trial id, key, measurement) of every trial of the device, through Optuna."""
-        return [(t._trial_id, t.user_attrs["key"], t.user_attrs["m"])
-                for t in self.study.get_trials(deepcopy=False)
-                if t.user_attrs.get("key") and t.user_attrs.get("m")]
+        return [
+            (t._trial_id, t.user_attrs["key"], t.user_attrs["m"])
+            for t in self.study.get_trials(deepcopy=False)
+            if t.user_attrs.get("key") and t.user_attrs.get("m")
+        ]
 
-    _JOINS = ("FROM trials t "
-              "JOIN trial_user_attributes k ON k.trial_id = t.trial_id AND k.key = 'key' "
-              "JOIN trial_user_attributes m ON m.trial_id = t.trial_id AND m.key = 'm' ")
+    _JOINS = (
+        "FROM trials t "
+        "JOIN trial_user_attributes k ON k.trial_id = t.trial_id AND k.key = 'key' "
+        "JOIN trial_user_attributes m ON m.trial_id = t.trial_id AND m.key = 'm' "
+    )
 
     def _sql_rows_since(self, after: int, limit: int | None = None) -> list[tuple[int, str, dict]]:
         """(trial id, key, measurement) of this device's trials above ``after``, in id order
         (the first ``limit``), straight from Optuna's tables."""
         query = sqlalchemy.text(
-            "SELECT t.trial_id, k.value_json, m.value_json " + self._JOINS
+            "SELECT t.trial_id, k.value_json, m.value_json "
+            + self._JOINS
             + "WHERE t.study_id = :study AND t.trial_id > :after ORDER BY t.trial_id"
-            + (f" LIMIT {int(limit)}" if limit else ""))
+            + (f" LIMIT {int(limit)}" if limit else "")
+        )
         with self.storage.engine.connect() as c:
             found = c.execute(query, {"study": self.study._study_id, "after": after}).all()
         return [(trial_id, json.loads(key), json.loads(m)) for trial_id, key, m in found]
 
     def _sql_ids_since(self, after: int) -> list[int]:
         """The ids of this device's trials above ``after``, in order (ids only: a poll's list)."""
-        query = sqlalchemy.text("SELECT trial_id FROM trials WHERE study_id = :study AND trial_id > :after "
-                                "ORDER BY trial_id")
+        query = sqlalchemy.text(
+            "SELECT trial_id FROM trials WHERE study_id = :study AND trial_id > :after "
+            "ORDER BY trial_id"
+        )
         with self.storage.engine.connect() as c:
             return list(c.execute(query, {"study": self.study._study_id, "after": after}).scalars())
 
@@ -235,7 +264,8 @@ class MeasurementStore:
             "CROSS JOIN trials t CROSS JOIN trial_user_attributes m "
             f"WHERE k.key = 'key' AND {_key_match(self.storage.engine)} "
             "AND t.trial_id = k.trial_id AND t.study_id = :study "
-            "AND m.trial_id = k.trial_id AND m.key = 'm' ORDER BY k.trial_id")
+            "AND m.trial_id = k.trial_id AND m.key = 'm' ORDER BY k.trial_id"
+        )
         with self.storage.engine.connect() as c:
             found = c.execute(query, {"study": self.study._study_id, "key": json.dumps(key)}).all()
         return [(trial_id, json.loads(m)) for trial_id, m in found]
@@ -251,8 +281,10 @@ class MeasurementStore:
         """How many keys are stored (on a SQL storage: counted there, a query over the device)."""
         if not self._sql:
             return sum(m is not None for m in self._cache.values())
-        return self._scalar("SELECT count(DISTINCT k.value_json) " + self._JOINS + "WHERE t.study_id = :study",
-                            study=self.study._study_id)
+        return self._scalar(
+            "SELECT count(DISTINCT k.value_json) " + self._JOINS + "WHERE t.study_id = :study",
+            study=self.study._study_id,
+        )
 
     def get(self, key: str) -> Measurement | None:
         return self._lookup(key)
@@ -261,12 +293,22 @@ class MeasurementStore:
         """Write one measurement now (a kill a moment later loses nothing)."""
         if not replace and key in self:
             return
-        attrs = {"key": key, "m": m.to_json(), "label": label, "pid": os.getpid(), "worker": self.claims.owner}
+        attrs = {
+            "key": key,
+            "m": m.to_json(),
+            "label": label,
+            "pid": os.getpid(),
+            "worker": self.claims.owner,
+        }
         if self._direct:
             self._seen.add(self._insert(m, attrs))  # (a poll need not read it back)
         else:
             state = optuna.trial.TrialState.COMPLETE if m.ok else optuna.trial.TrialState.FAIL
-            self._add_trial(optuna.trial.create_trial(state=state, value=m.cost_s if m.ok else None, user_attrs=attrs))
+            self._add_trial(
+                optuna.trial.create_trial(
+                    state=state, value=m.cost_s if m.ok else None, user_attrs=attrs
+                )
+            )
         self._remember(key, m)
 
     def _sql_insert(self, m: Measurement, attrs: dict) -> int:
@@ -277,30 +319,54 @@ class MeasurementStore:
         The new trial's id."""
         sql = sqlalchemy.text
         ids = {"study": self.study._study_id}
-        now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)  # as Optuna keeps it: naive UTC
-        insert = sql("INSERT INTO trials (number, study_id, state, datetime_start, datetime_complete) "
-                     "VALUES (NULL, :study, :state, :at, :at)"
-                     + (" RETURNING trial_id" if self._postgres else "")
-                     ).bindparams(sqlalchemy.bindparam("at", type_=sqlalchemy.DateTime()))
+        now = datetime.datetime.now(datetime.UTC).replace(
+            tzinfo=None
+        )  # as Optuna keeps it: naive UTC
+        insert = sql(
+            "INSERT INTO trials (number, study_id, state, datetime_start, datetime_complete) "
+            "VALUES (NULL, :study, :state, :at, :at)"
+            + (" RETURNING trial_id" if self._postgres else "")
+        ).bindparams(sqlalchemy.bindparam("at", type_=sqlalchemy.DateTime()))
         with self.storage.engine.begin() as c:
             if self._postgres:
-                c.execute(sql("SELECT study_id FROM studies WHERE study_id = :study FOR UPDATE"), ids)
+                c.execute(
+                    sql("SELECT study_id FROM studies WHERE study_id = :study FOR UPDATE"), ids
+                )
             done = c.execute(insert, ids | {"state": "COMPLETE" if m.ok else "FAIL", "at": now})
             ids["id"] = done.scalar_one() if self._postgres else done.lastrowid
-            c.execute(sql("UPDATE trials SET number = coalesce((SELECT p.number + 1 FROM trials p "
-                          "WHERE p.study_id = :study AND p.trial_id < :id ORDER BY p.trial_id DESC LIMIT 1), 0) "
-                          "WHERE trial_id = :id"), ids)
+            c.execute(
+                sql(
+                    "UPDATE trials SET number = coalesce((SELECT p.number + 1 FROM trials p "
+                    "WHERE p.study_id = :study AND p.trial_id < :id ORDER BY p.trial_id DESC LIMIT 1), 0) "
+                    "WHERE trial_id = :id"
+                ),
+                ids,
+            )
             if m.ok:
                 value, kind = m.cost_s, "FINITE" if math.isfinite(m.cost_s) else "INF_POS"
-                c.execute(sql("INSERT INTO trial_values (trial_id, objective, value, value_type) "
-                              "VALUES (:id, 0, :value, :kind)"),
-                          {"id": ids["id"], "value": value if kind == "FINITE" else None, "kind": kind})
-            c.execute(sql("INSERT INTO trial_user_attributes (trial_id, key, value_json) VALUES (:id, :key, :value)"),
-                      [{"id": ids["id"], "key": k, "value": json.dumps(v)} for k, v in attrs.items()])
+                c.execute(
+                    sql(
+                        "INSERT INTO trial_values (trial_id, objective, value, value_type) "
+                        "VALUES (:id, 0, :value, :kind)"
+                    ),
+                    {"id": ids["id"], "value": value if kind == "FINITE" else None, "kind": kind},
+                )
+            c.execute(
+                sql(
+                    "INSERT INTO trial_user_attributes (trial_id, key, value_json) VALUES (:id, :key, :value)"
+                ),
+                [{"id": ids["id"], "key": k, "value": json.dumps(v)} for k, v in attrs.items()],
+            )
         return ids["id"]
 
-    def obtain(self, key: str, take: Callable[[], Measurement], label: str = "",
-               deadline: float | None = None, wait: bool = True) -> tuple[Measurement | None, bool]:
+    def obtain(
+        self,
+        key: str,
+        take: Callable[[], Measurement],
+        label: str = "",
+        deadline: float | None = None,
+        wait: bool = True,
+    ) -> tuple[Measurement | None, bool]:
         """The measurement under ``key`` and whether this call took it.
 
         Stored already: returned. Otherwise this worker claims the key and takes it, or,
@@ -310,7 +376,12 @@ class MeasurementStore:
         """
         while True:
             cached = self._lookup(key)
-            retry = self.retry_failed and cached is not None and not cached.ok and key not in self._retried
+            retry = (
+                self.retry_failed
+                and cached is not None
+                and not cached.ok
+                and key not in self._retried
+            )
             if cached is not None and not retry:
                 return cached, False
             # A retry claims the attempt after the failures seen when this run began, so
@@ -352,22 +423,30 @@ def read_measurements(storage, study_name: str) -> dict[str, Measurement]:
     return out
 
 
-def _open(url: str, heartbeat: dict, claim_ttl_s: float, device: str) -> tuple[optuna.storages.BaseStorage, Claims]:
+def _open(
+    url: str, heartbeat: dict, claim_ttl_s: float, device: str
+) -> tuple[optuna.storages.BaseStorage, Claims]:
     """The Optuna storage at ``url`` and its claims (``MEMORY``: both in this process)."""
     if url == MEMORY:
         return optuna.storages.InMemoryStorage(), InProcessClaims()
     url = with_driver(url)
     for attempt in range(OPEN_ATTEMPTS):
         try:
-            storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **heartbeat)
+            storage = optuna.storages.RDBStorage(
+                url, engine_kwargs=_engine_kwargs(url), **heartbeat
+            )
             if outage_wait(url):
                 patient(storage.engine, outage_wait(url))
-            return storage, SqlClaims(storage.engine, claim_ttl_s, namespace=device, outage_s=outage_wait(url))
+            return storage, SqlClaims(
+                storage.engine, claim_ttl_s, namespace=device, outage_s=outage_wait(url)
+            )
         except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
             # Workers starting together on a new database race to create its tables.
             racing = isinstance(e, sqlalchemy.exc.IntegrityError | sqlalchemy.exc.OperationalError)
             if not racing or attempt + 1 == OPEN_ATTEMPTS:
-                raise PartuneError(f"cannot open storage {shown(url)}: {str(e).splitlines()[0][:160]}") from e
+                raise PartuneError(
+                    f"cannot open storage {shown(url)}: {str(e).splitlines()[0][:160]}"
+                ) from e
             time.sleep(1.0)
     raise AssertionError("unreachable")
 
@@ -381,8 +460,11 @@ def _ensure_key_index(engine: sqlalchemy.engine.Engine) -> None:
     dialect = engine.dialect.name
     if dialect not in ("sqlite", "postgresql"):
         return
-    exists = (sqlalchemy.text("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = :name")
-              if dialect == "sqlite" else sqlalchemy.text("SELECT count(*) FROM pg_indexes WHERE indexname = :name"))
+    exists = (
+        sqlalchemy.text("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = :name")
+        if dialect == "sqlite"
+        else sqlalchemy.text("SELECT count(*) FROM pg_indexes WHERE indexname = :name")
+    )
     column = "value_json" if dialect == "sqlite" else "md5(value_json)"
     create = f"CREATE INDEX IF NOT EXISTS {KEY_INDEX} ON trial_user_attributes ({column}) WHERE key = 'key'"
     with engine.connect() as c:
@@ -402,7 +484,10 @@ def _ensure_key_index(engine: sqlalchemy.engine.Engine) -> None:
         # without, each lookup reading the table.
         logging.getLogger("partune.store").warning(
             "no index on the stored keys (%s): every lookup reads the whole table; the tables' owner "
-            "can add it: %s", str(e.orig).strip().splitlines()[0][:120], create)
+            "can add it: %s",
+            str(e.orig).strip().splitlines()[0][:120],
+            create,
+        )
 
 
 def _key_match(engine: sqlalchemy.engine.Engine) -> str:
@@ -444,4 +529,6 @@ def outage_wait(url: str) -> float:
 def _engine_kwargs(url: str) -> dict:
     # SQLite: wait for a writer rather than fail when several workers share the file.
     # A server: check a pooled connection before use, so one the server dropped is replaced.
-    return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    return (
+        {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    )

@@ -48,7 +48,11 @@ def patient(engine: sa.engine.Engine, wait_s: float = OUTAGE_S) -> sa.engine.Eng
                 return dialect.dbapi.connect(*cargs, **cparams)
             except dialect.dbapi.OperationalError as e:
                 if error is None:
-                    _log.warning("storage unreachable, waiting up to %.0f s: %s", wait_s, str(e).strip()[:120])
+                    _log.warning(
+                        "storage unreachable, waiting up to %.0f s: %s",
+                        wait_s,
+                        str(e).strip()[:120],
+                    )
                 error = e
         raise error  # type: ignore[misc] - at least one attempt was made
 

@@ -20,8 +20,14 @@ from partune.store.outage import patiently
 class SqlClaims(Claims):
     """Atomic claims on measurement keys, in the same database as the measurements."""
 
-    def __init__(self, engine: sa.engine.Engine, ttl_s: float = 600.0, owner: str | None = None,
-                 namespace: str = "", outage_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        engine: sa.engine.Engine,
+        ttl_s: float = 600.0,
+        owner: str | None = None,
+        namespace: str = "",
+        outage_s: float = 0.0,
+    ) -> None:
         """``namespace``: the device whose measurements these claims guard. Measurements are
         kept per device, so one device's done claim must not stop another from measuring.
         ``outage_s``: how long each call waits for a database that went away
@@ -31,10 +37,13 @@ class SqlClaims(Claims):
             setattr(self, name, patiently(getattr(self, name), outage_s))
         self.prefix = f"{namespace}/" if namespace else ""
         meta = sa.MetaData()
-        self.table = sa.Table("partune_claims", meta,
-                              sa.Column("key", sa.String(512), primary_key=True),
-                              sa.Column("owner", sa.String(128), nullable=False),
-                              sa.Column("expires", sa.Float, nullable=False))
+        self.table = sa.Table(
+            "partune_claims",
+            meta,
+            sa.Column("key", sa.String(512), primary_key=True),
+            sa.Column("owner", sa.String(128), nullable=False),
+            sa.Column("expires", sa.Float, nullable=False),
+        )
         meta.create_all(engine, checkfirst=True)
 
     def claim(self, key: str) -> bool:
@@ -51,27 +60,44 @@ class SqlClaims(Claims):
             return True
         dead = holder is not None and not alive(holder)
         with self.engine.begin() as c:  # take over an expired claim, or a dead worker's, atomically
-            stale = (t.c.expires < now) | ((t.c.owner == holder) & (t.c.expires < DONE) if dead else False)
-            r = c.execute(t.update().where(t.c.key == key, stale)
-                          .values(owner=self.owner, expires=now + self.ttl_s))
+            stale = (t.c.expires < now) | (
+                (t.c.owner == holder) & (t.c.expires < DONE) if dead else False
+            )
+            r = c.execute(
+                t.update()
+                .where(t.c.key == key, stale)
+                .values(owner=self.owner, expires=now + self.ttl_s)
+            )
             return r.rowcount == 1
 
     def done(self, key: str) -> None:
         """The measurement under ``key`` is stored: nobody takes it again."""
         with self.engine.begin() as c:
-            c.execute(self.table.update().where(self.table.c.key == self.prefix + key).values(expires=DONE))
+            c.execute(
+                self.table.update()
+                .where(self.table.c.key == self.prefix + key)
+                .values(expires=DONE)
+            )
 
     def release(self, key: str) -> None:
         """Give up a claim without a measurement (another worker may take it at once)."""
         t = self.table
         with self.engine.begin() as c:
-            c.execute(t.delete().where(t.c.key == self.prefix + key, t.c.owner == self.owner, t.c.expires < DONE))
+            c.execute(
+                t.delete().where(
+                    t.c.key == self.prefix + key, t.c.owner == self.owner, t.c.expires < DONE
+                )
+            )
 
     def is_done(self, key: str) -> bool:
         """Whether the measurement under ``key`` is stored (by any worker)."""
         with self.engine.connect() as c:
-            return c.execute(sa.select(self.table.c.expires).where(self.table.c.key == self.prefix + key)
-                             ).scalar() == DONE
+            return (
+                c.execute(
+                    sa.select(self.table.c.expires).where(self.table.c.key == self.prefix + key)
+                ).scalar()
+                == DONE
+            )
 
     def holder(self, key: str) -> str | None:
         """Who holds ``key`` (None when nobody does)."""
@@ -85,8 +111,11 @@ class SqlClaims(Claims):
         """Delete in-progress claims whose owner died on this host or whose time ran out."""
         t, now = self.table, time.time()
         with self.engine.connect() as c:
-            rows = c.execute(sa.select(t.c.key, t.c.owner, t.c.expires)
-                             .where(t.c.expires < DONE, t.c.key.startswith(self.prefix))).all()
+            rows = c.execute(
+                sa.select(t.c.key, t.c.owner, t.c.expires).where(
+                    t.c.expires < DONE, t.c.key.startswith(self.prefix)
+                )
+            ).all()
         gone = [(key, owner) for key, owner, expires in rows if expires < now or not alive(owner)]
         with self.engine.begin() as c:
             for key, owner in gone:

@@ -21,7 +21,10 @@ class SegfaultBackend(Backend):
 
     def accepts(self, binding) -> bool:
         v = binding.value
-        return isinstance(v, relax.Call) and getattr(v.op, "name", "") in ("relax.nn.relu", "relax.exp")
+        return isinstance(v, relax.Call) and getattr(v.op, "name", "") in (
+            "relax.nn.relu",
+            "relax.exp",
+        )
 
     def build_region(self, func, scope, threads):
         def kernel(*args):

@@ -123,7 +123,7 @@ class ComputedSlice(nn.Module):
         self.fc = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x)[:, x.shape[1] // 2:]
+        return self.fc(x)[:, x.shape[1] // 2 :]
 
 
 class HardActivations(nn.Module):
@@ -197,7 +197,7 @@ class LayerNormBlock(nn.Module):
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """Llama's rotate_half: slice the last axis in two halves, negate and swap them."""
     x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2:]
+    x2 = x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 
 
@@ -237,9 +237,9 @@ class EmbeddingMLP(nn.Module):
         return self.fc2(nn.functional.gelu(self.fc1(self.embed(input_ids))))
 
 
-def _seeded(factory: Callable[[], nn.Module],
-            inputs: Callable[[], tuple[torch.Tensor, ...]]
-            ) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+def _seeded(
+    factory: Callable[[], nn.Module], inputs: Callable[[], tuple[torch.Tensor, ...]]
+) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
     """A builder that seeds torch before creating the module, so weights are reproducible."""
 
     def build() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
@@ -260,8 +260,10 @@ TEST_MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]]
     "gelu": _seeded(GeluMLP, _sequence),
     "layer_norm": _seeded(LayerNormBlock, _sequence),
     "rotary": _seeded(Rotary, _sequence),
-    "embedding_mlp": _seeded(EmbeddingMLP, lambda: (
-        torch.randint(0, VOCAB, (1, 8), generator=_gen(), dtype=torch.int64),)),
+    "embedding_mlp": _seeded(
+        EmbeddingMLP,
+        lambda: (torch.randint(0, VOCAB, (1, 8), generator=_gen(), dtype=torch.int64),),
+    ),
 }
 
 
@@ -281,8 +283,9 @@ def io_spec(inputs: tuple[torch.Tensor, ...]) -> tuple[list[str], dict[str, dict
     return names, dynamic
 
 
-def export_bytes(name: str, exporter: Literal["legacy", "dynamo"] = "legacy",
-                 opset: int | None = None) -> bytes:
+def export_bytes(
+    name: str, exporter: Literal["legacy", "dynamo"] = "legacy", opset: int | None = None
+) -> bytes:
     """Export test model ``name`` as a user would, dynamic axes marked; return the ONNX bytes.
 
     ``legacy`` (TorchScript, ``dynamo=False``) is the exporter that emits the computed shapes.
@@ -295,17 +298,32 @@ def export_bytes(name: str, exporter: Literal["legacy", "dynamo"] = "legacy",
         warnings.simplefilter("ignore")
         if exporter == "legacy":
             buf = io.BytesIO()
-            torch.onnx.export(module, inputs, buf, dynamo=False, input_names=names,
-                              output_names=["y"], opset_version=opset or 17,
-                              dynamic_axes=dynamic)
+            torch.onnx.export(
+                module,
+                inputs,
+                buf,
+                dynamo=False,
+                input_names=names,
+                output_names=["y"],
+                opset_version=opset or 17,
+                dynamic_axes=dynamic,
+            )
             proto = onnx.load_from_string(buf.getvalue())
         else:
             # size-1 dims would be specialised by torch.export; trace at 2 (see architectures.py)
             traced = tuple(torch.cat([x, x], 0) for x in inputs)
             shapes = tuple({ax: torch.export.Dim.DYNAMIC for ax in dynamic[n]} for n in names)
-            proto = torch.onnx.export(module, traced, None, dynamo=True, input_names=names,
-                                      output_names=["y"], opset_version=opset or 18,
-                                      dynamic_shapes=shapes, verbose=False).model_proto
+            proto = torch.onnx.export(
+                module,
+                traced,
+                None,
+                dynamo=True,
+                input_names=names,
+                output_names=["y"],
+                opset_version=opset or 18,
+                dynamic_shapes=shapes,
+                verbose=False,
+            ).model_proto
     for vi in [*proto.graph.input, *proto.graph.output]:
         for ax, d in enumerate(vi.type.tensor_type.shape.dim):
             if ax in dynamic.get(vi.name, {}) and not d.HasField("dim_value"):
@@ -317,8 +335,7 @@ def export_bytes(name: str, exporter: Literal["legacy", "dynamo"] = "legacy",
     return proto.SerializeToString()
 
 
-def write_export(name: str, path: Path, exporter: Literal["legacy", "dynamo"] = "legacy"
-                 ) -> Path:
+def write_export(name: str, path: Path, exporter: Literal["legacy", "dynamo"] = "legacy") -> Path:
     """Write test model ``name`` to ``path`` (a .onnx file, or a directory for NAME.onnx)."""
     path = Path(path)
     if path.suffix != ".onnx":

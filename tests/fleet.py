@@ -22,14 +22,35 @@ def free_port() -> int:
 
 
 def _start(cmd: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, env=ENV | (env or {}),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        start_new_session=True,
+        env=ENV | (env or {}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def start_server(tracker: str, key: str, env: dict | None = None) -> subprocess.Popen:
     port = free_port()
-    return _start([sys.executable, "-m", "partune.cli", "rpc-server", "--tracker", tracker, "--key", key,
-                   "--port", str(port), "--port-end", str(port + 20)], env)
+    return _start(
+        [
+            sys.executable,
+            "-m",
+            "partune.cli",
+            "rpc-server",
+            "--tracker",
+            tracker,
+            "--key",
+            key,
+            "--port",
+            str(port),
+            "--port-end",
+            str(port + 20),
+        ],
+        env,
+    )
 
 
 def wait_for_servers(tracker: str, key: str, count: int, timeout_s: float = 120.0) -> None:
@@ -64,10 +85,24 @@ def loopback_fleet(devices: dict[str, int], env: dict | None = None):
     """A tracker and, per key, that many servers (``env`` added to theirs); yields the
     tracker's HOST:PORT and the server processes by key. Everything is killed afterwards."""
     port = free_port()
-    tracker = _start([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
-                      "--port", str(port), "--port-end", str(port + 1), "--silent"])
+    tracker = _start(
+        [
+            sys.executable,
+            "-m",
+            "tvm.exec.rpc_tracker",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--port-end",
+            str(port + 1),
+            "--silent",
+        ]
+    )
     address = f"127.0.0.1:{port}"
-    servers = {key: [start_server(address, key, env) for _ in range(n)] for key, n in devices.items()}
+    servers = {
+        key: [start_server(address, key, env) for _ in range(n)] for key, n in devices.items()
+    }
     try:
         for key, n in devices.items():
             wait_for_servers(address, key, n)

@@ -48,8 +48,11 @@ class TupleGraph:
 @I.ir_module
 class Attention:
     @R.function
-    def main(q: R.Tensor((1, 2, 8, 4), "float32"), k: R.Tensor((1, 2, 8, 4), "float32"),
-             v: R.Tensor((1, 2, 8, 4), "float32")):
+    def main(
+        q: R.Tensor((1, 2, 8, 4), "float32"),
+        k: R.Tensor((1, 2, 8, 4), "float32"),
+        v: R.Tensor((1, 2, 8, 4), "float32"),
+    ):
         with R.dataflow():
             kt = R.permute_dims(k, axes=[0, 1, 3, 2])  # 0
             s = R.matmul(q, kt)  # 1

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-TVMSCRIPT = '''
+TVMSCRIPT = """
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -21,7 +21,7 @@ class Module:
             s = R.nn.softmax(z, axis=-1)
             R.output(s)
         return s
-'''
+"""
 
 
 def write_tvmscript(path: Path) -> Path:
@@ -45,8 +45,13 @@ def write_onnx(path: Path) -> Path:
         helper.make_node("Flatten", ["p"], ["f"]),
         helper.make_node("MatMul", ["f", "fc"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [w, b, fc])
+    graph = helper.make_graph(
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [w, b, fc],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))
@@ -57,8 +62,9 @@ def write_pt2(path: Path) -> Path:
     import torch
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
-                                torch.nn.Linear(32, 4)).eval()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    ).eval()
     ep = torch.export.export(model, (torch.randn(2, 16),))
     torch.export.save(ep, str(path))
     return path
@@ -73,10 +79,18 @@ def write_matmul_onnx(path: Path, n: int = 384) -> Path:
     rng = np.random.default_rng(0)
     w1 = numpy_helper.from_array((rng.standard_normal((n, n)) / np.sqrt(n)).astype("float32"), "w1")
     w2 = numpy_helper.from_array((rng.standard_normal((n, n)) / np.sqrt(n)).astype("float32"), "w2")
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("MatMul", ["r", "w2"], ["y"])]
-    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, n])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, n])], [w1, w2])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, n])],
+        [w1, w2],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))
@@ -92,14 +106,25 @@ def write_mlp_onnx(path: Path, layers: int = 6, width: int = 32) -> Path:
     rng = np.random.default_rng(0)
     nodes, inits, x = [], [], "x"
     for i in range(layers):
-        inits += [numpy_helper.from_array((rng.standard_normal((width, width)) / np.sqrt(width)).astype("float32"), f"w{i}"),
-                  numpy_helper.from_array(rng.standard_normal(width).astype("float32") * 0.1, f"b{i}")]
-        nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
-                  helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
-                  helper.make_node("Relu", [f"a{i}"], [f"r{i}"])]
+        inits += [
+            numpy_helper.from_array(
+                (rng.standard_normal((width, width)) / np.sqrt(width)).astype("float32"), f"w{i}"
+            ),
+            numpy_helper.from_array(rng.standard_normal(width).astype("float32") * 0.1, f"b{i}"),
+        ]
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+            helper.make_node("Relu", [f"a{i}"], [f"r{i}"]),
+        ]
         x = f"r{i}"
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, width])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [4, width])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, width])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [4, width])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))

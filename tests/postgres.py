@@ -55,8 +55,13 @@ class PostgresServer:
         """A fresh, empty database (dropped first if it exists); its storage URL."""
         import psycopg2
 
-        conn = psycopg2.connect(host=self.host, port=self.port, user="postgres", dbname="postgres",
-                                password=self.password)
+        conn = psycopg2.connect(
+            host=self.host,
+            port=self.port,
+            user="postgres",
+            dbname="postgres",
+            password=self.password,
+        )
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
@@ -79,8 +84,15 @@ def local_postgres(password: str | None = None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    options = ("-w", "-t", "60", "-l", os.path.join(root, "log"), "-o",
-               f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200")
+    options = (
+        "-w",
+        "-t",
+        "60",
+        "-l",
+        os.path.join(root, "log"),
+        "-o",
+        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+    )
     server = PostgresServer("127.0.0.1", port, bin_dir, data, options, password)
     try:
         auth = ["-A", "trust"]
@@ -99,6 +111,8 @@ def local_postgres(password: str | None = None):
     try:
         yield server
     finally:
-        subprocess.run(_as_postgres([f"{bin_dir}/pg_ctl", "-D", data, "-m", "immediate", "stop"]),
-                       capture_output=True)
+        subprocess.run(
+            _as_postgres([f"{bin_dir}/pg_ctl", "-D", data, "-m", "immediate", "stop"]),
+            capture_output=True,
+        )
         shutil.rmtree(root, ignore_errors=True)

@@ -38,8 +38,16 @@ def main(url: str, study: str, n_trials: int, log: str, slow_at: int = -1) -> No
         m, _ = store.obtain(plan_key(plan), take, "refine test")
         return m
 
-    refine(GRAPH, BASE, CONFIG, ACCEPTED, measure, store.storage, study, n_trials, claims=store.claims)
+    refine(
+        GRAPH, BASE, CONFIG, ACCEPTED, measure, store.storage, study, n_trials, claims=store.claims
+    )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]) if len(sys.argv) > 5 else -1)
+    main(
+        sys.argv[1],
+        sys.argv[2],
+        int(sys.argv[3]),
+        sys.argv[4],
+        int(sys.argv[5]) if len(sys.argv) > 5 else -1,
+    )

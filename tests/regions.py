@@ -11,8 +11,14 @@ from tvm import relax
 
 from partune.core.tensors import tensor_types
 
-SMALL_ZOO = ["resnet50-small", "mobilenet_v2-small", "convnext-small", "vit-small", "bert-small",
-             "gpt2-small"]
+SMALL_ZOO = [
+    "resnet50-small",
+    "mobilenet_v2-small",
+    "convnext-small",
+    "vit-small",
+    "bert-small",
+    "gpt2-small",
+]
 
 _zoo: dict[str, tuple[relax.Function, tuple[torch.Tensor, ...], np.ndarray]] = {}
 
@@ -47,7 +53,9 @@ def run_region(backend, scope, func: relax.Function, *inputs: np.ndarray) -> lis
     return [o.numpy() for o in outs]
 
 
-def one_op(params: list[tuple[tuple[int, ...], str]], body: Callable[..., relax.Expr]) -> relax.Function:
+def one_op(
+    params: list[tuple[tuple[int, ...], str]], body: Callable[..., relax.Expr]
+) -> relax.Function:
     """A one-op Relax function (tuple results are unpacked into a tuple of vars)."""
     bb = relax.BlockBuilder()
     args = [relax.Var(f"p{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(params)]
@@ -55,8 +63,11 @@ def one_op(params: list[tuple[tuple[int, ...], str]], body: Callable[..., relax.
         with bb.dataflow():
             out = bb.emit(body(*args))
             if isinstance(out.ty, relax.TupleType):
-                out = bb.emit(relax.Tuple([bb.emit(relax.TupleGetItem(out, i))
-                                           for i in range(len(out.ty.fields))]))
+                out = bb.emit(
+                    relax.Tuple(
+                        [bb.emit(relax.TupleGetItem(out, i)) for i in range(len(out.ty.fields))]
+                    )
+                )
             gv = bb.emit_output(out)
         bb.emit_func_output(gv)
     return bb.get()["main"]

@@ -35,8 +35,11 @@ def test_the_contract_places_every_module():
 
     placed = _contract_layers()
     graph = grimp.build_graph("partune")
-    loose = sorted(m for m in graph.modules if m != "partune"
-                   and not any(m == p or m.startswith(p + ".") for p in placed))
+    loose = sorted(
+        m
+        for m in graph.modules
+        if m != "partune" and not any(m == p or m.startswith(p + ".") for p in placed)
+    )
     assert loose == []
 
 
@@ -48,9 +51,16 @@ def _private_imports() -> list[str]:
     for f in sorted(files):
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("partune"):
-                found += [f"{f.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
-                          if a.name.startswith("_") and a.name != "__version__"]
-            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                found += [
+                    f"{f.relative_to(ROOT)}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and a.name != "__version__"
+                ]
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
                 base = node.value
                 if isinstance(base, ast.Name) and base.id in _module_aliases(f):
                     found.append(f"{f.relative_to(ROOT)}: {base.id}.{node.attr}")
@@ -158,8 +168,22 @@ def test_the_wheel_holds_one_package(tmp_path):
     for name in ("pyproject.toml", "README.md", "partune", *LAYERS):
         copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
         copy(ROOT / name, src / name, **({"symlinks": True} if copy is shutil.copytree else {}))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path), str(src)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("partune-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
@@ -172,8 +196,11 @@ def test_the_wheel_holds_one_package(tmp_path):
 def _layer_files(layer: str) -> list[Path]:
     if layer != "partune":
         return sorted((ROOT / layer).rglob("*.py"))
-    return sorted(f for f in (ROOT / "partune").rglob("*.py")
-                  if f.relative_to(ROOT / "partune").parts[0] not in LAYERS)
+    return sorted(
+        f
+        for f in (ROOT / "partune").rglob("*.py")
+        if f.relative_to(ROOT / "partune").parts[0] not in LAYERS
+    )
 
 
 def test_each_layer_exports_its_public_names_and_other_layers_import_them_from_it():
@@ -186,23 +213,33 @@ def test_each_layer_exports_its_public_names_and_other_layers_import_them_from_i
 
     for layer in LAYERS:
         package = importlib.import_module(f"partune.{layer}")
-        assert package.__all__ == sorted(package.__all__) and len(set(package.__all__)) == len(package.__all__)
+        assert package.__all__ == sorted(package.__all__) and len(set(package.__all__)) == len(
+            package.__all__
+        )
         # A name loaded lazily must not be a submodule's too: once anything imports the submodule,
         # Python binds it on the package and ``from partune.search import tune`` gets the module.
-        assert set(package.__all__).isdisjoint(m.name for m in pkgutil.iter_modules(package.__path__)), layer
+        assert set(package.__all__).isdisjoint(
+            m.name for m in pkgutil.iter_modules(package.__path__)
+        ), layer
         for name in package.__all__:
             value = getattr(package, name)
-            assert getattr(value, "__module__", f"partune.{layer}").startswith(f"partune.{layer}"), name
+            assert getattr(value, "__module__", f"partune.{layer}").startswith(
+                f"partune.{layer}"
+            ), name
     past = []
     for layer in (*LAYERS, "partune"):
         for f in _layer_files(layer):
             if f.name == "__init__.py":
                 continue
             for node in ast.walk(ast.parse(f.read_text())):
-                if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("partune.")):
+                if not (
+                    isinstance(node, ast.ImportFrom) and (node.module or "").startswith("partune.")
+                ):
                     continue
                 parts = node.module.split(".")
                 if len(parts) > 2 and parts[1] in LAYERS and parts[1] != layer:
-                    past.append(f"{f.relative_to(ROOT)}: from {node.module} import "
-                                f"{', '.join(a.name for a in node.names)}")
+                    past.append(
+                        f"{f.relative_to(ROOT)}: from {node.module} import "
+                        f"{', '.join(a.name for a in node.names)}"
+                    )
     assert past == []

@@ -26,12 +26,27 @@ def _cand(graph, nodes, backend) -> Candidate:
 
 def test_only_regions_with_an_expected_gain_are_tuned_most_gain_first():
     g = DataflowGraph.from_function(Residual["main"])  # conv2d -> relu -> add -> sum
-    tunable = [_cand(g, (0, 1), "tvm-tuned"), _cand(g, (2,), "tvm-tuned"), _cand(g, (3,), "tvm-tuned")]
-    others = [_cand(g, (0, 1), "tvm"), _cand(g, (0, 1), "onnxruntime"), _cand(g, (2,), "tvm"),
-              _cand(g, (2,), "onnxruntime"), _cand(g, (3,), "tvm"), _cand(g, (3,), "onnxruntime")]
-    cost = {(0, 1, "tvm"): 100e-6, (0, 1, "onnxruntime"): 20e-6,  # conv: tuned ~10 us would beat 20
-            (2, "tvm"): 1.4e-6, (2, "onnxruntime"): 3e-6,  # an add, already TVM's: ~0.4 us to win
-            (3, "tvm"): 12e-6, (3, "onnxruntime"): 3e-6}  # a sum: tuned ~4 us, still loses to 3
+    tunable = [
+        _cand(g, (0, 1), "tvm-tuned"),
+        _cand(g, (2,), "tvm-tuned"),
+        _cand(g, (3,), "tvm-tuned"),
+    ]
+    others = [
+        _cand(g, (0, 1), "tvm"),
+        _cand(g, (0, 1), "onnxruntime"),
+        _cand(g, (2,), "tvm"),
+        _cand(g, (2,), "onnxruntime"),
+        _cand(g, (3,), "tvm"),
+        _cand(g, (3,), "onnxruntime"),
+    ]
+    cost = {
+        (0, 1, "tvm"): 100e-6,
+        (0, 1, "onnxruntime"): 20e-6,  # conv: tuned ~10 us would beat 20
+        (2, "tvm"): 1.4e-6,
+        (2, "onnxruntime"): 3e-6,  # an add, already TVM's: ~0.4 us to win
+        (3, "tvm"): 12e-6,
+        (3, "onnxruntime"): 3e-6,
+    }  # a sum: tuned ~4 us, still loses to 3
     order = tuning_order(g, tunable, others, lambda c: cost[(*c.subgraph.nodes, c.backend)], "tvm")
     assert [c.candidate.subgraph.nodes for c in order] == [(0, 1), (2,)]
     assert math.isclose(order[0].gain_s, 20e-6 - 10e-6) and order[0].best_other_s == 20e-6
@@ -44,12 +59,22 @@ def test_a_long_budget_also_tries_what_would_win_only_if_tuning_went_well():
     from partune.search.budget import Budget
 
     g = DataflowGraph.from_function(Residual["main"])  # conv2d -> relu -> add -> sum
-    tunable, others = [_cand(g, (3,), "tvm-tuned")], [_cand(g, (3,), "tvm"), _cand(g, (3,), "onnxruntime")]
+    tunable, others = (
+        [_cand(g, (3,), "tvm-tuned")],
+        [_cand(g, (3,), "tvm"), _cand(g, (3,), "onnxruntime")],
+    )
     cost = {(3, "tvm"): 12e-6, (3, "onnxruntime"): 3e-6}
 
     def order(optimism, achieved=None):
-        return tuning_order(g, tunable, others, lambda c: cost[(*c.subgraph.nodes, c.backend)], "tvm", achieved,
-                            optimism)
+        return tuning_order(
+            g,
+            tunable,
+            others,
+            lambda c: cost[(*c.subgraph.nodes, c.backend)],
+            "tvm",
+            achieved,
+            optimism,
+        )
 
     assert Budget.of(1800).optimism == 1.0 and not order(Budget.of(1800).optimism)
     hope = Budget.of(5400).optimism
@@ -60,15 +85,28 @@ def test_a_long_budget_also_tries_what_would_win_only_if_tuning_went_well():
 def test_a_kind_that_tuned_badly_here_stops_taking_the_budget():
     g = DataflowGraph.from_function(Residual["main"])  # conv2d -> relu -> add -> sum
     tunable = [_cand(g, (0, 1), "tvm-tuned"), _cand(g, (2,), "tvm-tuned")]
-    others = [_cand(g, (0, 1), "tvm"), _cand(g, (0, 1), "onnxruntime"), _cand(g, (2,), "tvm"),
-              _cand(g, (2,), "onnxruntime")]
-    cost = {(0, 1, "tvm"): 100e-6, (0, 1, "onnxruntime"): 20e-6, (2, "tvm"): 1.4e-6, (2, "onnxruntime"): 3e-6}
+    others = [
+        _cand(g, (0, 1), "tvm"),
+        _cand(g, (0, 1), "onnxruntime"),
+        _cand(g, (2,), "tvm"),
+        _cand(g, (2,), "onnxruntime"),
+    ]
+    cost = {
+        (0, 1, "tvm"): 100e-6,
+        (0, 1, "onnxruntime"): 20e-6,
+        (2, "tvm"): 1.4e-6,
+        (2, "onnxruntime"): 3e-6,
+    }
 
     def order(achieved=None):
-        return tuning_order(g, tunable, others, lambda c: cost[(*c.subgraph.nodes, c.backend)], "tvm", achieved)
+        return tuning_order(
+            g, tunable, others, lambda c: cost[(*c.subgraph.nodes, c.backend)], "tvm", achieved
+        )
 
     first = order()
-    assert first[0].kind == "nn.conv2d" and first[0].untuned_s == 100e-6 and first[1].kind == "other"
+    assert (
+        first[0].kind == "nn.conv2d" and first[0].untuned_s == 100e-6 and first[1].kind == "other"
+    )
     # Convolutions tuned here came out only 2x faster, not 10x: sqrt(10 * 2) = 4.5x expected,
     # 100 / 4.5 = 22 us > 20 us elsewhere: no gain left, the add goes first (and alone).
     assert [t.kind for t in order({"nn.conv2d": [2.0]})] == ["other"]
@@ -106,8 +144,12 @@ def test_a_tuned_region_wins_the_dp_and_a_rerun_tunes_nothing(tmp_path, backend_
     model = _matmul_model()
     store = MeasurementStore(f"sqlite:///{tmp_path / 'm.db'}", "test-device")
     with LocalRunner(timeout_s=300) as runner:
-        first = tune(model, ["tvm", "tvm-tuned"], runner, store, peers=(), tune_budget_s=240, tune_trials=16)
-        again = tune(model, ["tvm", "tvm-tuned"], runner, store, peers=(), tune_budget_s=240, tune_trials=16)
+        first = tune(
+            model, ["tvm", "tvm-tuned"], runner, store, peers=(), tune_budget_s=240, tune_trials=16
+        )
+        again = tune(
+            model, ["tvm", "tvm-tuned"], runner, store, peers=(), tune_budget_s=240, tune_trials=16
+        )
     assert first.tuning.regions >= 1 and first.tuning.trials > 0
     assert "tvm-tuned" in first.dp_plan.backends  # it measured faster than untuned TVM
     # A tuned region keeps its borders in the whole-model build (partune.core.partition), so the
@@ -115,7 +157,9 @@ def test_a_tuned_region_wins_the_dp_and_a_rerun_tunes_nothing(tmp_path, backend_
     assert first.end_to_end[first.dp_label].cost_s < first.end_to_end["tvm-only"].cost_s
     judged = {label: m.median_s for label, m in first.verdict.measurements.items() if m.ok}
     assert first.plan.notes["chosen_as"] == min(judged, key=judged.get)
-    assert again.tuning.trials == 0 and again.counts.measured == 0  # records and measurements reused
+    assert (
+        again.tuning.trials == 0 and again.counts.measured == 0
+    )  # records and measurements reused
     assert "tvm-tuned" in again.plan.backends
 
 
@@ -133,10 +177,16 @@ def test_a_tuned_region_is_fused_alone_in_the_whole_model_build():
     def fused_names(plan_backends: tuple[str, str]) -> list[str]:
         regions = tuple(Region((i,), scope[b]) for i, b in enumerate(plan_backends))
         plan = Plan(model.name, model.graph.fingerprint, config, regions)
-        lowered = lower_fused(partition_plan(plan, model.mod, model.graph, "t"), scope["tvm"].tvm_target())
-        return [gv.name_hint for gv, f in lowered.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+        lowered = lower_fused(
+            partition_plan(plan, model.mod, model.graph, "t"), scope["tvm"].tvm_target()
+        )
+        return [
+            gv.name_hint for gv, f in lowered.functions.items() if isinstance(f, tvm.tirx.PrimFunc)
+        ]
 
-    assert any("matmul" in n and "relu" in n for n in fused_names(("tvm", "tvm")))  # fused when both untuned
+    assert any(
+        "matmul" in n and "relu" in n for n in fused_names(("tvm", "tvm"))
+    )  # fused when both untuned
     names = fused_names(("tvm-tuned", "tvm"))
     assert not any("matmul" in n and "relu" in n for n in names), names
     assert any("matmul" in n for n in names) and any("relu" in n for n in names)
@@ -157,12 +207,21 @@ def test_what_tuning_achieved_on_this_store_before_starts_the_priors():
     def took(seconds: float) -> Measurement:
         return Measurement(seconds, 0.0, seconds, 1, 1, best_s=seconds)
 
-    stored = {keys[others[0]]: took(100e-6), f"{keys[tunable[0]]}:tuned32": took(50e-6),
-              keys[others[1]]: took(12e-6)}  # the sum was never tuned: nothing known of it
-    s = SimpleNamespace(graph=g, keys=keys, store=SimpleNamespace(get=stored.get),
-                        config=SimpleNamespace(default=SimpleNamespace(backend="tvm")),
-                        options=SimpleNamespace(tune_trials=32))
+    stored = {
+        keys[others[0]]: took(100e-6),
+        f"{keys[tunable[0]]}:tuned32": took(50e-6),
+        keys[others[1]]: took(12e-6),
+    }  # the sum was never tuned: nothing known of it
+    s = SimpleNamespace(
+        graph=g,
+        keys=keys,
+        store=SimpleNamespace(get=stored.get),
+        config=SimpleNamespace(default=SimpleNamespace(backend="tvm")),
+        options=SimpleNamespace(tune_trials=32),
+    )
     structure = {c: f"s{c.subgraph.nodes}" for c in tunable}
     assert achieved_before(s, tunable, others, structure) == {"s(0, 1)": ("nn.conv2d", 2.0)}
-    s.options.tune_trials = 64  # a larger --tune-trials tunes further: what 32 trials did is not its answer
+    s.options.tune_trials = (
+        64  # a larger --tune-trials tunes further: what 32 trials did is not its answer
+    )
     assert achieved_before(s, tunable, others, structure) == {}

@@ -43,19 +43,31 @@ def conv_region() -> relax.Function:
 
 
 def scope_of(backend: str):
-    return CompilationConfig.for_cpu(["tvm", backend] if backend != "tvm" else ["tvm"], 1).scope_for(backend)
+    return CompilationConfig.for_cpu(
+        ["tvm", backend] if backend != "tvm" else ["tvm"], 1
+    ).scope_for(backend)
 
 
-def request(backend: str, cache: str | None = None, func: relax.Function | None = None) -> RegionRequest:
+def request(
+    backend: str, cache: str | None = None, func: relax.Function | None = None
+) -> RegionRequest:
     func = func or conv_region()
-    return RegionRequest(backend, scope_of(backend), ModelRef(text=tvm.ir.save_json(tvm.IRModule({"region": func}))),
-                         "region", Protocol(warmup=1, warmup_ms=1.0, repeat=2, min_repeat_ms=1.0),
-                         build_cache=cache)
+    return RegionRequest(
+        backend,
+        scope_of(backend),
+        ModelRef(text=tvm.ir.save_json(tvm.IRModule({"region": func}))),
+        "region",
+        Protocol(warmup=1, warmup_ms=1.0, repeat=2, min_repeat_ms=1.0),
+        build_cache=cache,
+    )
 
 
 def run(kernel, func: relax.Function) -> list[np.ndarray]:
     x = np.random.default_rng(1).standard_normal((1, 8, 16, 16)).astype("float32")
-    outs = [tvm.runtime.tensor(np.zeros(static_shape(t), str(t.dtype))) for t in tensor_types(func.ret_ty)]
+    outs = [
+        tvm.runtime.tensor(np.zeros(static_shape(t), str(t.dtype)))
+        for t in tensor_types(func.ret_ty)
+    ]
     kernel(tvm.runtime.tensor(x), *outs)
     return [o.numpy() for o in outs]
 
@@ -85,7 +97,9 @@ def test_second_build_is_loaded_from_the_cache(tmp_path, backend):
     assert once.hit and not os.path.exists(entry.path)  # read once: removed
     # Other threads or another region: another entry.
     assert build(backend, replace(req, threads=2), write=False)[1].key != entry.key
-    assert not build(backend, request(backend, str(tmp_path), func.with_attr("x", "y")), False)[1].hit
+    assert not build(backend, request(backend, str(tmp_path), func.with_attr("x", "y")), False)[
+        1
+    ].hit
 
 
 @pytest.mark.parametrize("backend", ["tvm", "onnxruntime"])
@@ -95,8 +109,12 @@ def test_a_damaged_entry_is_a_miss_not_a_failure(tmp_path, backend, damage):
     req = request(backend, str(tmp_path))
     _, entry = build(backend, req, write=True)
     files = [f for f in os.listdir(entry.path) if f != build_cache.MANIFEST]
-    target = os.path.join(entry.path, build_cache.MANIFEST if damage == "manifest" else max(
-        files, key=lambda f: os.path.getsize(os.path.join(entry.path, f))))
+    target = os.path.join(
+        entry.path,
+        build_cache.MANIFEST
+        if damage == "manifest"
+        else max(files, key=lambda f: os.path.getsize(os.path.join(entry.path, f))),
+    )
     with open(target, "r+b") as f:
         if damage == "truncate":
             f.truncate(os.path.getsize(target) // 2)
@@ -119,7 +137,9 @@ def test_the_worker_reports_what_the_cache_did(tmp_path):
     reply = handle(req)
     assert reply.build.cache == "hit" and reply.measurement.error is None
     assert handle(request("onnxruntime")).build.cache == "off"  # no cache named
-    assert handle(BuildRequest.of(request("torch"), str(tmp_path))).build.cache.startswith("not cached")
+    assert handle(BuildRequest.of(request("torch"), str(tmp_path))).build.cache.startswith(
+        "not cached"
+    )
 
 
 class BuildCrashBackend(TvmBackend):
@@ -145,8 +165,10 @@ def test_the_pool_builds_ahead_and_survives_a_crashing_build(tmp_path, buildcras
     cache = str(tmp_path / "cache")
     other = conv_region().with_attr("variant", "2")
     good, crash, third = request("onnxruntime"), request("buildcrash"), request("tvm", func=other)
-    with BuildPool(cache, workers=1, cpus=available_cpus(), timeout_s=120) as pool, \
-            LocalRunner(timeout_s=120) as runner:
+    with (
+        BuildPool(cache, workers=1, cpus=available_cpus(), timeout_s=120) as pool,
+        LocalRunner(timeout_s=120) as runner,
+    ):
         assert pool.enabled
         pool.prefetch([good, crash, third, request("torch")])
         assert pool.stats["queued"] == 3  # torch keeps nothing built: not sent
@@ -185,7 +207,9 @@ def test_waiting_for_a_queued_request_takes_it_back(tmp_path):
     pool = BuildPool(str(tmp_path), workers=1, cpus=available_cpus())
     try:
         with pool._cond:  # queued without waking the worker: nothing is started
-            reqs = [request("onnxruntime", func=conv_region().with_attr("i", str(i))) for i in range(3)]
+            reqs = [
+                request("onnxruntime", func=conv_region().with_attr("i", str(i))) for i in range(3)
+            ]
             for r in reqs:
                 key = build_cache.request_key(r.to_json())
                 pool._state[key], pool._pending[key] = "queued", r
@@ -211,6 +235,7 @@ def test_no_pool_without_a_spare_core(tmp_path):
 def test_lookahead_bounds_what_it_holds_by_size():
     """Requests carry their region's weights: keys are made ahead only while what is held stays
     under ``max_bytes``, and every key is still served (built ahead or not)."""
+
     class Pool:
         enabled, cache_dir, timeout_s = True, "/nonexistent", 0.0
 
@@ -226,13 +251,24 @@ def test_lookahead_bounds_what_it_holds_by_size():
     sizes = {"a": 10, "b": 10, "big1": 100, "big2": 100, "c": 10, "d": 10}
     scope = scope_of("onnxruntime")
     pool = Pool()
-    ahead = Lookahead(pool, list(sizes), lambda k: RegionRequest("onnxruntime", scope, ModelRef(text="x" * sizes[k]), k),
-                      window=8, max_bytes=120)
+    ahead = Lookahead(
+        pool,
+        list(sizes),
+        lambda k: RegionRequest("onnxruntime", scope, ModelRef(text="x" * sizes[k]), k),
+        window=8,
+        max_bytes=120,
+    )
     served = []
     for key in sizes:
         held = sum(r.module.size for r in ahead._made.values())
         served.append(ahead.request(key).function)
         assert held <= 120 + 100  # the bound, plus at most the one request that crossed it
     assert served == list(sizes)
-    assert pool.queued[:3] == ["b", "big1", "big2"]  # a's turn: b (10), big1 (110), big2 crosses 120
-    assert len(pool.queued) == len(set(pool.queued)) < len(sizes)  # each once; the first one on demand
+    assert pool.queued[:3] == [
+        "b",
+        "big1",
+        "big2",
+    ]  # a's turn: b (10), big1 (110), big2 crosses 120
+    assert (
+        len(pool.queued) == len(set(pool.queued)) < len(sizes)
+    )  # each once; the first one on demand

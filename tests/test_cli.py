@@ -20,10 +20,13 @@ def _fails_cleanly(capsys, argv, match):
 @pytest.fixture
 def plan_file(tmp_path, bert):
     def write(mutate=lambda d: d):
-        data = single_backend_plan(bert.name, bert.graph, CompilationConfig.for_cpu(["tvm"]), "tvm", set()).to_json()
+        data = single_backend_plan(
+            bert.name, bert.graph, CompilationConfig.for_cpu(["tvm"]), "tvm", set()
+        ).to_json()
         path = tmp_path / "plan.json"
         path.write_text(json.dumps(mutate(data)))
         return str(path)
+
     return write
 
 
@@ -38,7 +41,9 @@ def test_corrupt_model_file(capsys, tmp_path):
 
 
 def test_unknown_backend(capsys):
-    _fails_cleanly(capsys, ["run", "bert-small", "--backend", "tensorrt"], "unknown backend 'tensorrt'")
+    _fails_cleanly(
+        capsys, ["run", "bert-small", "--backend", "tensorrt"], "unknown backend 'tensorrt'"
+    )
 
 
 def test_plan_for_another_model(capsys, plan_file, tmp_path):
@@ -50,13 +55,17 @@ def test_plan_with_unknown_backend(capsys, plan_file):
     def mutate(d):
         d["regions"][0]["scope"]["backend"] = "cudnn"
         return d
-    _fails_cleanly(capsys, ["run", "bert-small", "--plan", plan_file(mutate)], "unknown backend 'cudnn'")
+
+    _fails_cleanly(
+        capsys, ["run", "bert-small", "--plan", plan_file(mutate)], "unknown backend 'cudnn'"
+    )
 
 
 def test_plan_leaving_nodes_uncovered(capsys, plan_file):
     def mutate(d):
         d["regions"][0]["nodes"] = d["regions"][0]["nodes"][:-3]
         return d
+
     _fails_cleanly(capsys, ["run", "bert-small", "--plan", plan_file(mutate)], "uncovered")
 
 
@@ -64,6 +73,7 @@ def test_overlapping_plan(capsys, plan_file):
     def mutate(d):
         d["regions"].append({"nodes": [0, 1], "scope": d["regions"][0]["scope"]})
         return d
+
     _fails_cleanly(capsys, ["run", "bert-small", "--plan", plan_file(mutate)], "in two regions")
 
 
@@ -81,9 +91,14 @@ def test_bench_prints_a_ratio_table(capsys, tmp_path):
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln.startswith("| ") and "contender" not in ln]
     names = {ln.split("|")[1].strip() for ln in rows}
-    assert names == {"partune tvm-only plan", "partune torch-only plan", "partune onnxruntime-only plan",
-                     "partune openvino-only plan",
-                     "onnxruntime (your .onnx file)", "openvino (your .onnx file)"}
+    assert names == {
+        "partune tvm-only plan",
+        "partune torch-only plan",
+        "partune onnxruntime-only plan",
+        "partune openvino-only plan",
+        "onnxruntime (your .onnx file)",
+        "openvino (your .onnx file)",
+    }
     ratios = [float(ln.split("|")[-2]) for ln in rows]
     assert min(ratios) == 1.0 and all(r >= 1.0 for r in ratios)
 
@@ -94,13 +109,21 @@ def test_tvm_database_is_handed_to_the_tvm_backend(capsys, tmp_path, backend_set
     from partune.backends import registry
 
     assert main(["--tvm-database", str(db), "run", str(write_tvmscript(tmp_path / "m.py"))]) == 0
-    assert registry.settings().tvm_database == str(db) and registry.get("tvm").database_dir == str(db)
+    assert registry.settings().tvm_database == str(db) and registry.get("tvm").database_dir == str(
+        db
+    )
     assert (db / "database_workload.json").exists()  # MetaSchedule opened it while building
-    _fails_cleanly(capsys, ["--tvm-database", str(tmp_path / "nope"), "run", "bert-small"], "not a directory")
+    _fails_cleanly(
+        capsys, ["--tvm-database", str(tmp_path / "nope"), "run", "bert-small"], "not a directory"
+    )
 
 
 def test_an_unknown_import_pass_is_refused_before_anything_runs(capsys):
-    _fails_cleanly(capsys, ["--disable-pass", "NoSuchPass", "run", "bert-small"], "no import pass named NoSuchPass")
+    _fails_cleanly(
+        capsys,
+        ["--disable-pass", "NoSuchPass", "run", "bert-small"],
+        "no import pass named NoSuchPass",
+    )
 
 
 def test_list_passes_names_every_pass_in_order(capsys):

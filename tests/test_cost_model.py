@@ -18,9 +18,16 @@ def test_features_are_deterministic_well_shaped_and_structural():
     g = DataflowGraph.from_function(Diamond["main"])
     a = featurize(g, [1, 2, 3], "onnxruntime")
     assert a.shape == (len(NAMES),) and np.all(np.isfinite(a))
-    assert np.array_equal(a, featurize(DataflowGraph.from_function(Diamond["main"]), [3, 2, 1], "onnxruntime"))
+    assert np.array_equal(
+        a, featurize(DataflowGraph.from_function(Diamond["main"]), [3, 2, 1], "onnxruntime")
+    )
     named = dict(zip(NAMES, a, strict=True))
-    assert named["nodes"] == 3 and named["op:exp"] == 1 and named["op:tanh"] == 1 and named["op:add"] == 1
+    assert (
+        named["nodes"] == 3
+        and named["op:exp"] == 1
+        and named["op:tanh"] == 1
+        and named["op:add"] == 1
+    )
     assert named["backend:onnxruntime"] == 1 and named["backend:tvm"] == 0
     assert named["inputs"] == 1 and named["exits"] == 1 and named["depth"] == 2
     assert not np.array_equal(a, featurize(g, [1, 2, 3], "tvm"))  # the backend is a feature
@@ -55,9 +62,13 @@ def test_saved_model_loads_only_with_its_feature_version(tmp_path):
     x, y = rng.uniform(size=(50, len(NAMES))), rng.uniform(1e-5, 1e-3, size=50)
     model = XGBoostCostModel().fit(x, y, rounds=5)
     model.save(tmp_path / "cm.json")
-    np.testing.assert_allclose(XGBoostCostModel.load(tmp_path / "cm.json").predict(x), model.predict(x), rtol=1e-6)
+    np.testing.assert_allclose(
+        XGBoostCostModel.load(tmp_path / "cm.json").predict(x), model.predict(x), rtol=1e-6
+    )
     meta = tmp_path / "cm.meta.json"
-    meta.write_text(json.dumps(json.loads(meta.read_text()) | {"feature_version": FEATURE_VERSION + 1}))
+    meta.write_text(
+        json.dumps(json.loads(meta.read_text()) | {"feature_version": FEATURE_VERSION + 1})
+    )
     with pytest.raises(ValueError, match="feature version"):
         XGBoostCostModel.load(tmp_path / "cm.json")
 
@@ -68,8 +79,11 @@ def test_leave_one_model_out_never_trains_on_the_held_out_regions(monkeypatch):
 
     sizes = []
     real_fit = evaluate.XGBoostCostModel.fit
-    monkeypatch.setattr(evaluate.XGBoostCostModel, "fit",
-                        lambda self, x, y, rounds=300: sizes.append(len(y)) or real_fit(self, x, y, rounds))
+    monkeypatch.setattr(
+        evaluate.XGBoostCostModel,
+        "fit",
+        lambda self, x, y, rounds=300: sizes.append(len(y)) or real_fit(self, x, y, rounds),
+    )
 
     rng = np.random.default_rng(2)
 
@@ -118,7 +132,11 @@ def _chain_search(cost_model):
 
     store = MeasurementStore(MEMORY, "test-device")
     with LocalRunner(timeout_s=120) as runner:
-        return tune(M(), ["tvm", "onnxruntime"], runner, store, peers=(), cost_model=cost_model), store, M.graph
+        return (
+            tune(M(), ["tvm", "onnxruntime"], runner, store, peers=(), cost_model=cost_model),
+            store,
+            M.graph,
+        )
 
 
 def test_pruning_keeps_a_measured_candidate_in_every_frontier():
@@ -131,12 +149,17 @@ def test_pruning_keeps_a_measured_candidate_in_every_frontier():
     from tests.graphs import Chain
 
     g = DataflowGraph.from_function(Chain["main"])
-    cands = [c for c in enumerate_candidates(Chain, g, CompilationConfig.for_cpu(["tvm", "onnxruntime"]))
-             if schedulable(c)]
+    cands = [
+        c
+        for c in enumerate_candidates(Chain, g, CompilationConfig.for_cpu(["tvm", "onnxruntime"]))
+        if schedulable(c)
+    ]
     todo = {candidate_key(g, c.subgraph.nodes, c.scope): c for c in cands}
     predicted, kept = _prune(cands, _features(g, cands), todo, _Backwards())
     assert set(predicted) == set(cands) and 0 < len(kept) < len(todo)
-    assert {c.subgraph.nodes[0] for c in todo.values()} == {c.subgraph.nodes[0] for c in kept.values()}
+    assert {c.subgraph.nodes[0] for c in todo.values()} == {
+        c.subgraph.nodes[0] for c in kept.values()
+    }
 
 
 def test_a_plan_found_with_predictions_carries_only_measured_costs():
@@ -144,6 +167,7 @@ def test_a_plan_found_with_predictions_carries_only_measured_costs():
 
     result, store, graph = _chain_search(_Backwards())
     assert result.counts.skipped > 0  # the model ranked candidates out of measuring
+
     def measured(r) -> bool:
         return candidate_key(graph, r.nodes, r.scope) in store
 
@@ -179,8 +203,25 @@ def test_cost_model_off_measures_everything_and_keeps_no_model(tmp_path):
 
     model = write_onnx(tmp_path / "tiny.onnx")
     url = f"sqlite:///{tmp_path / 'm.db'}"
-    assert main(["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--storage", url,
-                 "--cost-model", "off", "-o", str(tmp_path / "plan.json")]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                str(model),
+                "--backends",
+                "tvm,onnxruntime",
+                "--peers",
+                "none",
+                "--storage",
+                url,
+                "--cost-model",
+                "off",
+                "-o",
+                str(tmp_path / "plan.json"),
+            ]
+        )
+        == 0
+    )
     assert not list(tmp_path.glob("*.costmodel.json"))
 
 
@@ -194,9 +235,19 @@ def test_an_unusable_default_cost_model_is_replaced_but_a_named_one_is_an_error(
     url = f"sqlite:///{tmp_path / 'm.db'}"
     kept = tmp_path / "m.costmodel.json"
     kept.write_text("{ half a file")
-    (tmp_path / "m.costmodel.meta.json").write_text(json.dumps({"feature_version": FEATURE_VERSION,
-                                                                "trained_on": 3}))
-    common = ["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--storage", url]
+    (tmp_path / "m.costmodel.meta.json").write_text(
+        json.dumps({"feature_version": FEATURE_VERSION, "trained_on": 3})
+    )
+    common = [
+        "tune",
+        str(model),
+        "--backends",
+        "tvm,onnxruntime",
+        "--peers",
+        "none",
+        "--storage",
+        url,
+    ]
     assert main([*common, "--cost-model", str(kept)]) == 2  # named: one line, exit 2
     assert "cannot use cost model" in capsys.readouterr().err
     assert main([*common, "-o", str(tmp_path / "plan.json")]) == 0  # auto: warned, and trained anew
@@ -204,7 +255,9 @@ def test_an_unusable_default_cost_model_is_replaced_but_a_named_one_is_an_error(
     assert XGBoostCostModel.load(kept).trained_on > 0
 
 
-def test_postgres_storage_keeps_the_default_cost_model_for_its_workers(tmp_path, postgres_url, capsys, monkeypatch):
+def test_postgres_storage_keeps_the_default_cost_model_for_its_workers(
+    tmp_path, postgres_url, capsys, monkeypatch
+):
     """A shared storage has no "beside": the default model is kept inside it, where every worker
     of a fleet reads it and adds to it; nothing is left in the working directory. One that this
     Partune cannot read is replaced with a warning, as beside an SQLite store."""
@@ -217,10 +270,22 @@ def test_postgres_storage_keeps_the_default_cost_model_for_its_workers(tmp_path,
 
     monkeypatch.chdir(tmp_path)
     model = write_onnx(tmp_path / "tiny.onnx")
-    common = ["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--storage", postgres_url,
-              "-o", str(tmp_path / "plan.json")]
+    common = [
+        "tune",
+        str(model),
+        "--backends",
+        "tvm,onnxruntime",
+        "--peers",
+        "none",
+        "--storage",
+        postgres_url,
+        "-o",
+        str(tmp_path / "plan.json"),
+    ]
     kept = StorageKeptModel(optuna.storages.RDBStorage(with_driver(postgres_url)), postgres_url)
-    optuna.create_study(study_name=STUDY, storage=kept.storage).set_user_attr(ATTR, "{ half a model")
+    optuna.create_study(study_name=STUDY, storage=kept.storage).set_user_attr(
+        ATTR, "{ half a model"
+    )
     assert main(common) == 0  # unreadable: warned, every candidate measured, and a new one kept
     assert "cannot be used" in capsys.readouterr().err
     first = kept.load()

@@ -29,7 +29,9 @@ def _store(path: Path) -> str:
     url = f"sqlite:///{path}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     refine = optuna.create_study(study_name=REFINE, storage=url)
-    refine.optimize(lambda t: 1.0 + (t.suggest_categorical("r0", ["tvm", "torch"]) == "torch"), n_trials=3)
+    refine.optimize(
+        lambda t: 1.0 + (t.suggest_categorical("r0", ["tvm", "torch"]) == "torch"), n_trials=3
+    )
     job = optuna.create_study(study_name="chain:tvm,torch", storage=url)
     job.set_user_attr("refine_study", REFINE)
     optuna.create_study(study_name="partune-measurements/test-device", storage=url)
@@ -67,9 +69,14 @@ class _Lines:
 
 def test_dashboard_serves_the_studies(tmp_path):
     url = _store(tmp_path / "m.db")
-    proc = subprocess.Popen([sys.executable, "-m", "partune.cli", "dashboard", "--storage", url, "--port", "0"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "partune.cli", "dashboard", "--storage", url, "--port", "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     try:
         out = _Lines(proc)
         line, before = out.until("optuna-dashboard on http://127.0.0.1:", 180)

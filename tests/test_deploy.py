@@ -44,8 +44,10 @@ def deployed(tmp_path_factory):
     """bert-small with regions rotating over all four backends, exported."""
     model = load_model("bert-small")
     n = len(model.graph)
-    regions = tuple(Region(tuple(range(s, min(s + 9, n))), CONFIG.scope_for(ORDER[i % 4]))
-                    for i, s in enumerate(range(0, n, 9)))
+    regions = tuple(
+        Region(tuple(range(s, min(s + 9, n))), CONFIG.scope_for(ORDER[i % 4]))
+        for i, s in enumerate(range(0, n, 9))
+    )
     plan = Plan(model.name, model.graph.fingerprint, CONFIG, regions)
     return export(model, plan, tmp_path_factory.mktemp("deploy") / "bert")
 
@@ -53,7 +55,9 @@ def deployed(tmp_path_factory):
 def test_runs_in_a_fresh_process_without_search_code(deployed):
     manifest = json.loads((deployed / "manifest.json").read_text())
     assert set(manifest["backends"]) == {"torch", "onnxruntime", "openvino"}  # tvm is compiled in
-    done = subprocess.run([sys.executable, "-c", FRESH, str(deployed)], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH, str(deployed)], cwd=ROOT, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     err, loaded = done.stdout.strip().split(" ", 1)
     assert float(err) < 1e-3
@@ -95,8 +99,11 @@ def test_another_environment_is_refused(deployed, tmp_path, capsys):
 def test_wrong_input_shape_is_a_clear_error(deployed, tmp_path, capsys):
     bad = tmp_path / "x.npy"
     np.save(bad, np.zeros((3, 3), "float32"))
-    args = ["run", str(deployed)] + [a for _ in json.loads((deployed / "manifest.json").read_text())["inputs"]
-                                     for a in ("--input", str(bad))]
+    args = ["run", str(deployed)] + [
+        a
+        for _ in json.loads((deployed / "manifest.json").read_text())["inputs"]
+        for a in ("--input", str(bad))
+    ]
     assert main(args) == 2
     assert "must be" in capsys.readouterr().err
 
@@ -106,10 +113,32 @@ def test_status_report_and_export_of_a_study(tmp_path, capsys):
 
     model = write_onnx(tmp_path / "tiny.onnx")
     url = f"sqlite:///{tmp_path / 'm.db'}"
-    assert main(["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--storage", url,
-                 "--study", "tiny-job", "-o", str(tmp_path / "plan.json")]) == 0
-    assert (tmp_path / "m.costmodel.json").is_file()  # the cost model is on by default, kept beside the store
-    assert main(["report", "--study", "tiny-job", "--storage", url, "-o", str(tmp_path / "report")]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                str(model),
+                "--backends",
+                "tvm,onnxruntime",
+                "--peers",
+                "none",
+                "--storage",
+                url,
+                "--study",
+                "tiny-job",
+                "-o",
+                str(tmp_path / "plan.json"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        tmp_path / "m.costmodel.json"
+    ).is_file()  # the cost model is on by default, kept beside the store
+    assert (
+        main(["report", "--study", "tiny-job", "--storage", url, "-o", str(tmp_path / "report")])
+        == 0
+    )
     report = (tmp_path / "report" / "report.md").read_text()
     chosen = json.loads((tmp_path / "plan.json").read_text())["notes"]["chosen_as"]
     assert f"Emitted plan: **{chosen}**" in report
@@ -124,8 +153,12 @@ def test_status_report_and_export_of_a_study(tmp_path, capsys):
     assert main(["status", "--storage", url]) == 0
     status = capsys.readouterr().out
     assert "tiny-job" in status
-    assert re.search(r"\| search \d+\.\d GB, measuring workers \d+\.\d GB", status), status  # its peaks
-    assert main(["export", "--study", "tiny-job", "--storage", url, "-o", str(tmp_path / "dep")]) == 0
+    assert re.search(r"\| search \d+\.\d GB, measuring workers \d+\.\d GB", status), (
+        status
+    )  # its peaks
+    assert (
+        main(["export", "--study", "tiny-job", "--storage", url, "-o", str(tmp_path / "dep")]) == 0
+    )
     capsys.readouterr()
     assert main(["run", str(tmp_path / "dep")]) == 0
     assert "max |err|" in capsys.readouterr().out
@@ -147,8 +180,23 @@ def test_an_export_killed_half_way_leaves_the_last_deployment_whole(tmp_path):
     out = tmp_path / "dep"
     plan = tmp_path / "plan.json"
     graph = load_onnx(model_file).graph
-    Plan("tiny", graph.fingerprint, CONFIG, (Region(tuple(range(len(graph))), CONFIG.scope_for("tvm")),)).save(plan)
-    cmd = [sys.executable, "-m", "partune.cli", "export", str(model_file), "--plan", str(plan), "-o", str(out)]
+    Plan(
+        "tiny",
+        graph.fingerprint,
+        CONFIG,
+        (Region(tuple(range(len(graph))), CONFIG.scope_for("tvm")),),
+    ).save(plan)
+    cmd = [
+        sys.executable,
+        "-m",
+        "partune.cli",
+        "export",
+        str(model_file),
+        "--plan",
+        str(plan),
+        "-o",
+        str(out),
+    ]
     assert subprocess.run(cmd, cwd=ROOT, capture_output=True).returncode == 0
     before = (out / "manifest.json").read_text()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -17,13 +17,21 @@ from partune.runners.builder import build_plan
 from partune.search.candidates import backend_plan
 from tests.export_models import TEST_MODELS, write_export
 
-COMPUTED_SHAPES = ("channel_shuffle", "shuffle_unit", "computed_reshape", "head_reshape",
-                   "computed_slice", "rotary")
+COMPUTED_SHAPES = (
+    "channel_shuffle",
+    "shuffle_unit",
+    "computed_reshape",
+    "head_reshape",
+    "computed_slice",
+    "rotary",
+)
 
 
 def _rel_err(outputs, reference) -> float:
-    return max(float(np.max(np.abs(o - r)) / (np.max(np.abs(r)) + 1e-6))
-               for o, r in zip(outputs, reference, strict=True))
+    return max(
+        float(np.max(np.abs(o - r)) / (np.max(np.abs(r)) + 1e-6))
+        for o, r in zip(outputs, reference, strict=True)
+    )
 
 
 @pytest.mark.parametrize("name", sorted(TEST_MODELS))
@@ -61,8 +69,12 @@ def test_input_shape_sets_a_sequence_length_for_every_input_that_names_it(tmp_pa
 
 def test_an_op_relax_cannot_import_is_named_in_one_line(tmp_path, capsys):
     node = helper.make_node("Det", ["x"], ["y"])
-    graph = helper.make_graph([node], "det", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    graph = helper.make_graph(
+        [node],
+        "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(tmp_path / "det.onnx"))
@@ -74,19 +86,30 @@ def test_an_op_relax_cannot_import_is_named_in_one_line(tmp_path, capsys):
 def test_onnx_with_external_weights_loads(tmp_path):
     path = write_export("layer_norm", tmp_path / "ln.onnx")
     proto = onnx.load(str(path))
-    onnx.save(proto, str(tmp_path / "ext.onnx"), save_as_external_data=True,
-              all_tensors_to_one_file=True, location="ext.onnx.data", size_threshold=0)
+    onnx.save(
+        proto,
+        str(tmp_path / "ext.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="ext.onnx.data",
+        size_threshold=0,
+    )
     assert (tmp_path / "ext.onnx.data").stat().st_size > 0
     model = load(str(tmp_path / "ext.onnx"))
     whole = load(str(path))
     assert _rel_err(model.reference, whole.reference) < 1e-6
     # A self-contained file is not held by the search: the peers read it when they run.
     assert whole.onnx_data is None and whole.onnx_file == path.resolve()
-    assert whole.onnx_bytes == path.read_bytes() and whole.onnx_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert (
+        whole.onnx_bytes == path.read_bytes()
+        and whole.onnx_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    )
     # One with external weights is held with them inlined: a peer given the file alone would lack them.
     inlined = onnx.load_from_string(model.onnx_bytes)
     assert model.onnx_file is None and all(not t.external_data for t in inlined.graph.initializer)
     assert model.onnx_sha256 == hashlib.sha256(model.onnx_bytes).hexdigest()
     ort = onnxruntime.InferenceSession(model.onnx_bytes, providers=["CPUExecutionProvider"])
     names = [i.name for i in ort.get_inputs()]
-    assert _rel_err(ort.run(None, dict(zip(names, model.inputs, strict=True))), model.reference) < 1e-6
+    assert (
+        _rel_err(ort.run(None, dict(zip(names, model.inputs, strict=True))), model.reference) < 1e-6
+    )

@@ -24,9 +24,24 @@ class Diamond:
 
 def test_nodes_kinds_edges_and_costs():
     g = DataflowGraph.from_function(Diamond["main"])
-    assert [n.op for n in g.nodes] == ["nn.conv2d", "nn.relu", "split", "get_item", "get_item", "add", "sum"]
-    assert [n.kind for n in g.nodes] == [OpKind.OUT_ELEMWISE_FUSABLE, OpKind.ELEMWISE, OpKind.INJECTIVE,
-                                         OpKind.INJECTIVE, OpKind.INJECTIVE, OpKind.ELEMWISE, OpKind.REDUCTION]
+    assert [n.op for n in g.nodes] == [
+        "nn.conv2d",
+        "nn.relu",
+        "split",
+        "get_item",
+        "get_item",
+        "add",
+        "sum",
+    ]
+    assert [n.kind for n in g.nodes] == [
+        OpKind.OUT_ELEMWISE_FUSABLE,
+        OpKind.ELEMWISE,
+        OpKind.INJECTIVE,
+        OpKind.INJECTIVE,
+        OpKind.INJECTIVE,
+        OpKind.ELEMWISE,
+        OpKind.REDUCTION,
+    ]
     assert g.nodes[0].inputs == ()  # params are not nodes
     assert g.nodes[5].inputs == (3, 4)
     assert g.consumers[2] == (3, 4)

@@ -27,8 +27,10 @@ def test_held_out_export_imports_and_matches_torch(name, tmp_path):
     arch = A.get(name)
     module, inputs = arch.build()
     A.export_onnx(arch, tmp_path / f"{name}.onnx", exporter="legacy")
-    model = load_onnx(tmp_path / f"{name}.onnx",
-                      {n: tuple(x.shape) for n, x in zip(arch.input_names, inputs, strict=True)})
+    model = load_onnx(
+        tmp_path / f"{name}.onnx",
+        {n: tuple(x.shape) for n, x in zip(arch.input_names, inputs, strict=True)},
+    )
     (ref,) = model.reference
     assert np.isfinite(ref).all() and 0.1 < float(np.abs(ref).max()) < 100  # O(1) outputs
     scale = float(np.abs(ref).max())

@@ -38,8 +38,11 @@ def normalise(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def _ops(mod: tvm.IRModule) -> list[str]:
-    return [b.value.op.name for b in main_bindings(mod["main"])
-            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)]
+    return [
+        b.value.op.name
+        for b in main_bindings(mod["main"])
+        if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+    ]
 
 
 def test_an_arange_mask_becomes_one_constant_and_computes_the_same():
@@ -70,8 +73,9 @@ def test_a_function_of_inputs_only_is_left_as_it_is():
     assert input_free.fold_input_free(mod)[0] is mod
 
 
-def _guarded_attention(mask: np.ndarray | None, normalise_first: bool = True,
-                       scores_only: bool = False) -> tvm.IRModule:
+def _guarded_attention(
+    mask: np.ndarray | None, normalise_first: bool = True, scores_only: bool = False
+) -> tvm.IRModule:
     """softmax over scores with the import's guard against rows all -inf (torch's SDPA):
     scores from a layer norm (bounded) or from the raw input (not), plus an additive mask."""
     rng = np.random.default_rng(1)
@@ -81,11 +85,19 @@ def _guarded_attention(mask: np.ndarray | None, normalise_first: bool = True,
         with bb.dataflow():
             y = h
             if normalise_first:
-                y = bb.emit(relax.op.nn.layer_norm(h, relax.const(np.ones(8, "float32")),
-                                                   relax.const(np.zeros(8, "float32")), axes=[-1]))
+                y = bb.emit(
+                    relax.op.nn.layer_norm(
+                        h,
+                        relax.const(np.ones(8, "float32")),
+                        relax.const(np.zeros(8, "float32")),
+                        axes=[-1],
+                    )
+                )
             w = relax.const(rng.standard_normal((8, 4)).astype("float32"))
             x = bb.emit(relax.op.matmul(y, w))
-            out = bb.emit_output(x) if scores_only else bb.emit_output(_guarded_softmax(bb, x, mask))
+            out = (
+                bb.emit_output(x) if scores_only else bb.emit_output(_guarded_softmax(bb, x, mask))
+            )
         bb.emit_func_output(out)
     return bb.get()
 
@@ -104,15 +116,20 @@ def _guarded_softmax(bb: relax.BlockBuilder, x: relax.Expr, mask: np.ndarray | N
 
 
 _CAUSAL = np.triu(np.full((4, 4), -np.inf, "float32"), k=1)  # the diagonal stays finite
-_ROW_MASKED = np.where(np.arange(4)[:, None] == 2, -np.inf, 0).astype("float32") * np.ones((4, 4), "float32")
+_ROW_MASKED = np.where(np.arange(4)[:, None] == 2, -np.inf, 0).astype("float32") * np.ones(
+    (4, 4), "float32"
+)
 
 
-@pytest.mark.parametrize("mask,normalise_first,dropped", [
-    (None, True, True),  # scores from a layer norm: bounded, never -inf
-    (_CAUSAL, True, True),  # every row keeps a finite mask entry
-    (_ROW_MASKED, True, False),  # row 2 is all -inf: the guard fires there
-    (None, False, False),  # scores straight from a float input may be -inf
-])
+@pytest.mark.parametrize(
+    "mask,normalise_first,dropped",
+    [
+        (None, True, True),  # scores from a layer norm: bounded, never -inf
+        (_CAUSAL, True, True),  # every row keeps a finite mask entry
+        (_ROW_MASKED, True, False),  # row 2 is all -inf: the guard fires there
+        (None, False, False),  # scores straight from a float input may be -inf
+    ],
+)
 def test_softmax_guards_go_only_where_they_cannot_fire(mask, normalise_first, dropped):
     mod = _guarded_attention(mask, normalise_first)
     out = normalise(mod)
@@ -134,11 +151,16 @@ def test_magnitude_bounds_hold_on_extreme_inputs_and_refuse_overflow():
     bindings = main_bindings(func)
     calls = {b.value.op.name: b.var for b in bindings if isinstance(b.value, relax.Call)}
     scores, masked = calls["relax.matmul"], calls["relax.add"]
-    assert never_infinite(bounds[scores]) and not never_infinite(bounds[masked])  # the mask holds -inf
+    assert never_infinite(bounds[scores]) and not never_infinite(
+        bounds[masked]
+    )  # the mask holds -inf
     # the bound holds on the values TVM computes (the scores, read out as the result)
     probe = _guarded_attention(_CAUSAL, scores_only=True)
-    for x in (np.full((1, 4, 8), 1e30, "float32"), np.full((1, 4, 8), np.inf, "float32"),
-              np.random.default_rng(3).standard_normal((1, 4, 8)).astype("float32") * 1e6):
+    for x in (
+        np.full((1, 4, 8), 1e30, "float32"),
+        np.full((1, 4, 8), np.inf, "float32"),
+        np.random.default_rng(3).standard_normal((1, 4, 8)).astype("float32") * 1e6,
+    ):
         got = _run(probe, x)
         assert not np.isinf(got).any()  # NaN where the input was infinite, never an infinity
         finite = got[np.isfinite(got)]
@@ -147,8 +169,14 @@ def test_magnitude_bounds_hold_on_extreme_inputs_and_refuse_overflow():
     bb = relax.BlockBuilder()
     with bb.function("main", [huge]):
         with bb.dataflow():
-            y = bb.emit(relax.op.nn.layer_norm(huge, relax.const(np.ones(8, "float32")),
-                                               relax.const(np.zeros(8, "float32")), axes=[-1]))
+            y = bb.emit(
+                relax.op.nn.layer_norm(
+                    huge,
+                    relax.const(np.ones(8, "float32")),
+                    relax.const(np.zeros(8, "float32")),
+                    axes=[-1],
+                )
+            )
             z = bb.emit_output(relax.op.matmul(y, relax.const(np.full((8, 2), 3e37, "float32"))))
         bb.emit_func_output(z)
     assert not never_infinite(magnitude_bounds(bb.get()["main"])[z])
@@ -157,7 +185,9 @@ def test_magnitude_bounds_hold_on_extreme_inputs_and_refuse_overflow():
 # --------------------------------------------------------------------------- relative shears
 
 
-def _relative_scores(n: int, m: int, k: int, c: int, s: int, from_matmul: bool) -> tuple[tvm.IRModule, np.ndarray]:
+def _relative_scores(
+    n: int, m: int, k: int, c: int, s: int, from_matmul: bool
+) -> tuple[tvm.IRModule, np.ndarray]:
     """DeBERTa's c2p (s = +1) or p2c (s = -1) pick: scores against every relative position,
     gathered at ``c + s * (j - i)``; the scores a matmul by constant position keys, or the input."""
     rng = np.random.default_rng(n * 100 + m)
@@ -177,39 +207,58 @@ def _relative_scores(n: int, m: int, k: int, c: int, s: int, from_matmul: bool) 
     return bb.get(), rng.standard_normal(shape).astype("float32")
 
 
-@pytest.mark.parametrize("n, m, k, c, s, from_matmul", [
-    (8, 8, 32, 16, 1, True), (8, 8, 32, 16, -1, True), (6, 4, 20, 9, 1, False),
-    (5, 7, 16, 7, 1, True), (4, 6, 12, 8, -1, True)])
+@pytest.mark.parametrize(
+    "n, m, k, c, s, from_matmul",
+    [
+        (8, 8, 32, 16, 1, True),
+        (8, 8, 32, 16, -1, True),
+        (6, 4, 20, 9, 1, False),
+        (5, 7, 16, 7, 1, True),
+        (4, 6, 12, 8, -1, True),
+    ],
+)
 def test_a_diagonal_gather_becomes_a_shear_and_picks_the_same_elements(n, m, k, c, s, from_matmul):
     mod, x = _relative_scores(n, m, k, c, s, from_matmul)
     sheared = normalise(mod)
     assert "relax.gather_elements" not in _ops(sheared)
     np.testing.assert_array_equal(_run(sheared, x), _run(mod, x))
     if from_matmul:  # the keys keep only the n + m - 1 columns the index reads
-        (keys,) = [a for b in main_bindings(sheared["main"]) if _op_name(b.value) == "relax.matmul"
-                   for a in b.value.args[1:]]
+        (keys,) = [
+            a
+            for b in main_bindings(sheared["main"])
+            if _op_name(b.value) == "relax.matmul"
+            for a in b.value.args[1:]
+        ]
         assert keys.value.numpy().shape[-1] == n + m - 1
 
 
 def test_other_gathers_stay():
     assert relative_shear.diagonal(np.array([[0, 1], [1, 2]])) is None  # j + i: not a shear
-    assert relative_shear.diagonal(np.array([[[2, 3], [1, 2]], [[2, 3], [2, 3]]])) is None  # planes differ
+    assert (
+        relative_shear.diagonal(np.array([[[2, 3], [1, 2]], [[2, 3], [2, 3]]])) is None
+    )  # planes differ
     assert relative_shear.diagonal(np.array([[5, 6, 7], [4, 5, 6]])) == (5, 1)
     assert relative_shear.diagonal(np.array([[5, 4], [6, 5]])) == (5, -1)
-    mod, _ = _relative_scores(6, 4, 20, 9, -1, from_matmul=False)  # descending, no matmul to fold into
+    mod, _ = _relative_scores(
+        6, 4, 20, 9, -1, from_matmul=False
+    )  # descending, no matmul to fold into
     assert "relax.gather_elements" in _ops(normalise(mod))
     mod, _ = _relative_scores(8, 8, 12, 4, 1, from_matmul=True)  # the index leaves the scores
     assert "relax.gather_elements" in _ops(normalise(mod))
 
 
 def _op_name(value) -> str | None:
-    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
+    return (
+        value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
+    )
 
 
 # --------------------------------------------------------------------------- waveform convolutions
 
 
-def _waveform(k: int, s: int, padding: int = 0, channels: int = 1, constant: bool = True) -> tvm.IRModule:
+def _waveform(
+    k: int, s: int, padding: int = 0, channels: int = 1, constant: bool = True
+) -> tvm.IRModule:
     """wav2vec2's first layer: a strided conv1d over a raw signal, then a bias."""
     rng = np.random.default_rng(k * 10 + s)
     bb = relax.BlockBuilder()
@@ -222,7 +271,9 @@ def _waveform(k: int, s: int, padding: int = 0, channels: int = 1, constant: boo
     with bb.function("main", params):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv1d(x, w, strides=s, padding=padding))
-            out = bb.emit_output(relax.op.add(y, relax.const(rng.standard_normal((1, 6, 1)).astype("float32"))))
+            out = bb.emit_output(
+                relax.op.add(y, relax.const(rng.standard_normal((1, 6, 1)).astype("float32")))
+            )
         bb.emit_func_output(out)
     return bb.get()
 
@@ -236,7 +287,15 @@ def test_a_waveform_convolution_becomes_a_matmul_over_frames_with_the_same_value
     np.testing.assert_allclose(_run(framed, x), _run(mod, x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kwargs", [dict(k=10, s=5, padding=1), dict(k=10, s=4), dict(k=10, s=5, channels=2),
-                                    dict(k=10, s=5, constant=False), dict(k=3, s=1)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(k=10, s=5, padding=1),
+        dict(k=10, s=4),
+        dict(k=10, s=5, channels=2),
+        dict(k=10, s=5, constant=False),
+        dict(k=3, s=1),
+    ],
+)
 def test_other_convolutions_stay(kwargs):
     assert "relax.nn.conv1d" in _ops(normalise(_waveform(**kwargs)))

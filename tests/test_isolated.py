@@ -21,8 +21,10 @@ INPUTS = [np.ones((64, 64), "float32")]
 
 
 def _plans(threads: int) -> dict:
-    return {f"{b}-only": backend_plan("chain", Chain, GRAPH, CompilationConfig.for_cpu([b], threads), b)
-            for b in ("tvm", "onnxruntime")}
+    return {
+        f"{b}-only": backend_plan("chain", Chain, GRAPH, CompilationConfig.for_cpu([b], threads), b)
+        for b in ("tvm", "onnxruntime")
+    }
 
 
 class Recording(Runner):
@@ -40,15 +42,22 @@ class Recording(Runner):
         Recording.log.append(label)
         if label == self.fail:
             return ErrorReply("worker crashed")
-        return MeasurementsReply({label: Measurement(1e-3 * (1 + len(self.turns)), 0.0, 1e-3, 1, 1)})
+        return MeasurementsReply(
+            {label: Measurement(1e-3 * (1 + len(self.turns)), 0.0, 1e-3, 1, 1)}
+        )
 
     def close(self) -> None:
         self.closed = True
 
 
 def test_each_contender_has_a_runner_of_its_own_and_turns_alternate():
-    request = compare_request(tvm.ir.save_json(Chain), _plans(2), {"peer": {"kind": "unavailable", "why": "-"}},
-                              INPUTS, rounds=4)
+    request = compare_request(
+        tvm.ir.save_json(Chain),
+        _plans(2),
+        {"peer": {"kind": "unavailable", "why": "-"}},
+        INPUTS,
+        rounds=4,
+    )
     made: list[Recording] = []
     Recording.log = []
 
@@ -59,10 +68,14 @@ def test_each_contender_has_a_runner_of_its_own_and_turns_alternate():
     got = compare_isolated(request, runner_for)
     assert len(made) == 3 and all(r.closed for r in made)
     for runner in made:  # one contender per runner, one round per turn
-        assert len({label for label, _ in runner.turns}) == 1 and {n for _, n in runner.turns} == {1}
+        assert len({label for label, _ in runner.turns}) == 1 and {n for _, n in runner.turns} == {
+            1
+        }
     labels = list(request.contenders)
     assert Recording.log[:3] == labels and Recording.log[3] == labels[1]  # the start rotates
-    assert Recording.log.count("peer") == 1 and got["peer"].error == "worker crashed"  # not tried again
+    assert (
+        Recording.log.count("peer") == 1 and got["peer"].error == "worker crashed"
+    )  # not tried again
     plans = [r for r in made if r.fail not in {label for label, _ in r.turns}]
     # the median of the four turns' medians (2, 3, 4, 5 ms)
     assert all(got[r.turns[0][0]].median_s == 3.5e-3 for r in plans)
@@ -82,8 +95,15 @@ def test_rounds_keep_a_contenders_error_and_peak():
     benchmark's table as nan)."""
     from partune.runners.timing import Measurement, over_rounds
 
-    rounds = [Measurement(t, 0, t, 3, 10, rel_error=2e-2, peak_bytes=p) for t, p in ((3e-3, 5), (2e-3, 7), (4e-3, 6))]
+    rounds = [
+        Measurement(t, 0, t, 3, 10, rel_error=2e-2, peak_bytes=p)
+        for t, p in ((3e-3, 5), (2e-3, 7), (4e-3, 6))
+    ]
     one = over_rounds(rounds)
-    assert one.median_s == 3e-3 and one.best_s == 2e-3 and one.rel_error == 2e-2 and one.peak_bytes == 7
+    assert (
+        one.median_s == 3e-3
+        and one.best_s == 2e-3
+        and one.rel_error == 2e-2
+        and one.peak_bytes == 7
+    )
     assert over_rounds([Measurement(1e-3, 0, 1e-3, 1, 1)]).rel_error is None
-

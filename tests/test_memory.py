@@ -96,8 +96,9 @@ def test_a_worker_killed_with_sigkill_costs_one_request(sigkill):
 def test_the_build_pool_recycles_and_survives_a_sigkill(tmp_path, sigkill):
     cache = str(tmp_path / "cache")
     reqs = [_region(scope=sigkill), _region((0, 1)), _region((0, 1, 2))]
-    with BuildPool(cache, workers=1, cpus=available_cpus(), timeout_s=300,
-                   max_builds=1, max_rss_bytes=None) as pool:
+    with BuildPool(
+        cache, workers=1, cpus=available_cpus(), timeout_s=300, max_builds=1, max_rss_bytes=None
+    ) as pool:
         pool.prefetch(reqs)
         assert pool.stats["queued"] == 3 and pool.join(300)
         assert pool.stats["failed"] == 1 and pool.stats["stored"] == 2, (pool.stats, pool.errors)
@@ -107,9 +108,13 @@ def test_the_build_pool_recycles_and_survives_a_sigkill(tmp_path, sigkill):
 
 
 def test_an_isolated_comparison_is_not_recycled_between_its_rounds(monkeypatch):
-    plans = {f"{b}-only": backend_plan("chain", Chain, CHAIN, CompilationConfig.for_cpu([b], 2), b)
-             for b in ("tvm", "onnxruntime")}
-    request = compare_request(tvm.ir.save_json(Chain), plans, {}, [np.ones((64, 64), "float32")], rounds=3)
+    plans = {
+        f"{b}-only": backend_plan("chain", Chain, CHAIN, CompilationConfig.for_cpu([b], 2), b)
+        for b in ("tvm", "onnxruntime")
+    }
+    request = compare_request(
+        tvm.ir.save_json(Chain), plans, {}, [np.ones((64, 64), "float32")], rounds=3
+    )
     spawned: list[int] = []
     spawn = LocalRunner._spawn
 
@@ -133,9 +138,18 @@ def test_a_plan_built_in_a_worker_leaves_no_kernel_registered():
     inputs = [np.ones((4, 4), "float32")]
     reply = worker.handle(plan_request(tvm.ir.save_json(Diamond), plan, inputs, FAST))
     assert reply.measurement.ok, reply
-    assert not [n for n in set(tvm_ffi.registry.list_global_func_names()) - before if n.startswith("partune_")]
-    assert worker.handle(compare_request(tvm.ir.save_json(Diamond), {"ort": plan}, {}, inputs, rounds=1)
-                         ).measurements["ort"].ok
+    assert not [
+        n
+        for n in set(tvm_ffi.registry.list_global_func_names()) - before
+        if n.startswith("partune_")
+    ]
+    assert (
+        worker.handle(
+            compare_request(tvm.ir.save_json(Diamond), {"ort": plan}, {}, inputs, rounds=1)
+        )
+        .measurements["ort"]
+        .ok
+    )
     assert worker._CURRENT  # kept for the comparison's next round ...
     worker.handle(_region())
     assert not worker._CURRENT  # ... released by the next request of another kind
@@ -152,14 +166,25 @@ def test_the_lifetime_peak_survives_a_reset():
 
 
 def test_the_summary_line_says_each_process_peak():
-    peaks = MemoryPeaks(search=1_230_000_000, measuring=900_000_000, measuring_recycled=3,
-                        build_pool=700_000_000, build_pool_recycled=1)
-    assert memory_line(peaks) == ("peak memory: search 1.2 GB, measuring workers 0.9 GB (recycled 3 times), "
-                                  "build pool 0.7 GB (recycled 1 time)")
+    peaks = MemoryPeaks(
+        search=1_230_000_000,
+        measuring=900_000_000,
+        measuring_recycled=3,
+        build_pool=700_000_000,
+        build_pool_recycled=1,
+    )
+    assert memory_line(peaks) == (
+        "peak memory: search 1.2 GB, measuring workers 0.9 GB (recycled 3 times), "
+        "build pool 0.7 GB (recycled 1 time)"
+    )
     assert memory_line(MemoryPeaks(search=2_000_000_000)) == "peak memory: search 2.0 GB"
 
     class Runner:
         peak_rss_bytes, recycled = 5 * MiB, 4
 
     got = MemoryPeaks.of(Runner(), None)
-    assert got.search > 50 * MiB and (got.measuring, got.measuring_recycled, got.build_pool) == (5 * MiB, 4, 0)
+    assert got.search > 50 * MiB and (got.measuring, got.measuring_recycled, got.build_pool) == (
+        5 * MiB,
+        4,
+        0,
+    )

@@ -60,13 +60,25 @@ class _FmaModel:
 
 
 def test_clean_error_names_backends_and_drops_class_names():
-    assert clean_error("RuntimeError: scope tvm@cpu:*/*/* has no target") == "scope tvm has no target"
-    assert (clean_error("tvm: tvm.error.InternalError: no kernel; onnxruntime: BackendError: ValueError: bad axis")
-            == "tvm: no kernel; onnxruntime: bad axis")
+    assert (
+        clean_error("RuntimeError: scope tvm@cpu:*/*/* has no target") == "scope tvm has no target"
+    )
+    assert (
+        clean_error(
+            "tvm: tvm.error.InternalError: no kernel; onnxruntime: BackendError: ValueError: bad axis"
+        )
+        == "tvm: no kernel; onnxruntime: bad axis"
+    )
     assert clean_error("Traceback (most recent call last):\n  ...\nMemoryError") == "memory error"
-    assert clean_error("torch-tuned@cpu:0/llvm/global failed: KeyError: 'w'") == "torch-tuned failed: 'w'"
+    assert (
+        clean_error("torch-tuned@cpu:0/llvm/global failed: KeyError: 'w'")
+        == "torch-tuned failed: 'w'"
+    )
     # A library's own text stays as it is.
-    assert clean_error("[ONNXRuntimeError] : 1 : FAIL : Load model failed") == "[ONNXRuntimeError] : 1 : FAIL : Load model failed"
+    assert (
+        clean_error("[ONNXRuntimeError] : 1 : FAIL : Load model failed")
+        == "[ONNXRuntimeError] : 1 : FAIL : Load model failed"
+    )
 
 
 def test_a_scope_error_names_its_backend():
@@ -82,7 +94,10 @@ def test_capture_failure_says_which_backend_failed_and_why():
         capture_values(m.mod, m.graph, m.inputs, ["tvm", "onnxruntime", "openvino"])
     why = str(e.value)
     assert why.startswith("no backend could build the whole model to capture its values: ")
-    assert "onnxruntime: does not accept ewise_fma" in why and "openvino: does not accept ewise_fma" in why
+    assert (
+        "onnxruntime: does not accept ewise_fma" in why
+        and "openvino: does not accept ewise_fma" in why
+    )
     assert "tvm: " in why
     _plain(why)
     # What the search reports (the summary's "candidates measured on ... inputs", the plan's notes),
@@ -91,7 +106,9 @@ def test_capture_failure_says_which_backend_failed_and_why():
         session = SearchSession(m, ["tvm", "onnxruntime"], runner, None, TuneOptions())
         assert session.capture() == {}
     shown = session.result.inputs_from
-    assert shown.startswith("random (no backend could build the whole model") and "ewise_fma" in shown
+    assert (
+        shown.startswith("random (no backend could build the whole model") and "ewise_fma" in shown
+    )
     _plain(shown)
 
 
@@ -100,8 +117,12 @@ def test_unknown_onnx_op_is_one_line_naming_it(tmp_path, capsys):
     from onnx import TensorProto, helper
 
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Det", ["r"], ["y"])]
-    graph = helper.make_graph(nodes, "det", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph(
+        nodes,
+        "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path = tmp_path / "det.onnx"
@@ -115,7 +136,9 @@ def test_unknown_onnx_op_is_one_line_naming_it(tmp_path, capsys):
 
 @pytest.fixture
 def segfault_backend():
-    registry.register("segfault", "tests.crash_backend:SegfaultBackend")  # joins the worker's settings
+    registry.register(
+        "segfault", "tests.crash_backend:SegfaultBackend"
+    )  # joins the worker's settings
     yield
     registry.unregister("segfault")
 
@@ -129,12 +152,23 @@ def test_a_crashing_candidate_reads_as_a_crash(segfault_backend):
     # What the store keeps: the signal, without the crash handler's stack frames or banner.
     assert stored.error == "worker crashed (signal SIGSEGV)"
     # What `partune explain` says of that backend for the region.
-    measured = {candidate_key(graph, (0,), tvm): Measurement(2e-6, 1e-7, 2e-6, 5, 10, best_s=2e-6),
-                candidate_key(graph, (0,), crash): stored}
+    measured = {
+        candidate_key(graph, (0,), tvm): Measurement(2e-6, 1e-7, 2e-6, 5, 10, best_s=2e-6),
+        candidate_key(graph, (0,), crash): stored,
+    }
     every = frozenset(range(len(graph)))
-    ev = Evidence(measured, {"tvm": every, "segfault": frozenset({0, 1, 6, 7})},
-                  {"tvm": frozenset({(0,), tuple(range(1, 8))}), "segfault": frozenset({(0,)})}, device="dev")
-    plan = Plan("chain", graph.fingerprint, config, (Region((0,), tvm, 2e-6), Region(tuple(range(1, 8)), tvm)))
+    ev = Evidence(
+        measured,
+        {"tvm": every, "segfault": frozenset({0, 1, 6, 7})},
+        {"tvm": frozenset({(0,), tuple(range(1, 8))}), "segfault": frozenset({(0,)})},
+        device="dev",
+    )
+    plan = Plan(
+        "chain",
+        graph.fingerprint,
+        config,
+        (Region((0,), tvm, 2e-6), Region(tuple(range(1, 8)), tvm)),
+    )
     rows = {c.backend: c for c in explain(plan, graph, ev, "a test").regions[0].candidates}
     assert rows["segfault"].status == FAILED
     assert rows["segfault"].reason == "failed: worker crashed (signal SIGSEGV)"

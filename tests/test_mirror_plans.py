@@ -27,8 +27,22 @@ from partune.search.candidates import backend_plan
 
 # Every export architecture of the benchmark (legacy exporter: quick; the dynamo exports are
 # in `make bench`, where both mirrors are timed against the file).
-ARCHITECTURES = ["mobilenet_v3_small", "shufflenet_v2", "squeezenet1_1", "convnext_atto", "distilbert", "llama",
-                 "densenet", "unet", "efficientnet", "mobilevit", "whisper_encoder", "wav2vec2", "phi", "deberta"]
+ARCHITECTURES = [
+    "mobilenet_v3_small",
+    "shufflenet_v2",
+    "squeezenet1_1",
+    "convnext_atto",
+    "distilbert",
+    "llama",
+    "densenet",
+    "unet",
+    "efficientnet",
+    "mobilevit",
+    "whisper_encoder",
+    "wav2vec2",
+    "phi",
+    "deberta",
+]
 METADATA = {"Reshape", "Identity", "Flatten", "Squeeze", "Unsqueeze"}  # no pass over the data
 
 
@@ -36,7 +50,9 @@ def _kernels(data: bytes, path) -> Counter:
     """The nodes onnxruntime runs after its graph optimisations, metadata ops aside."""
     so = session_options(1, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
     so.optimized_model_filepath = str(path)
-    ort.InferenceSession(data, so, providers=["CPUExecutionProvider"], disabled_optimizers=list(DISABLED_OPTIMIZERS))
+    ort.InferenceSession(
+        data, so, providers=["CPUExecutionProvider"], disabled_optimizers=list(DISABLED_OPTIMIZERS)
+    )
     return Counter(n.op_type for n in onnx.load(str(path)).graph.node if n.op_type not in METADATA)
 
 
@@ -45,9 +61,17 @@ def test_the_onnxruntime_mirror_loses_nothing_of_the_users_file(name, tmp_path):
     arch = A.get(name)
     _, inputs = arch.build()
     data = A.export_onnx(arch, tmp_path / "model.onnx", exporter="legacy")
-    model = load_onnx(tmp_path / "model.onnx", {n: tuple(x.shape) for n, x in zip(arch.input_names, inputs, strict=True)})
-    plan = backend_plan(model.name, model.mod, model.graph, CompilationConfig.for_cpu(["onnxruntime"]),
-                        "onnxruntime")
+    model = load_onnx(
+        tmp_path / "model.onnx",
+        {n: tuple(x.shape) for n, x in zip(arch.input_names, inputs, strict=True)},
+    )
+    plan = backend_plan(
+        model.name,
+        model.mod,
+        model.graph,
+        CompilationConfig.for_cpu(["onnxruntime"]),
+        "onnxruntime",
+    )
     assert [r.backend for r in plan.regions] == ["onnxruntime"]  # nothing falls back to TVM
     mine = _kernels(relax_to_onnx(model.mod["main"]).SerializeToString(), tmp_path / "mine.onnx")
     theirs = _kernels(data, tmp_path / "theirs.onnx")

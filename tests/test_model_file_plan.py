@@ -23,8 +23,18 @@ def tuned(tmp_path_factory):
     folder = tmp_path_factory.mktemp("model_file")
     model = write_matmul_onnx(folder / "mm.onnx")
     plan = folder / "plan.json"
-    args = ["tune", str(model), "--backends", "tvm", "--peers", "onnxruntime,openvino",
-            "--storage", f"sqlite:///{folder / 'm.db'}", "-o", str(plan)]
+    args = [
+        "tune",
+        str(model),
+        "--backends",
+        "tvm",
+        "--peers",
+        "onnxruntime,openvino",
+        "--storage",
+        f"sqlite:///{folder / 'm.db'}",
+        "-o",
+        str(plan),
+    ]
     assert main(args) == 0
     return folder, model, plan
 
@@ -57,7 +67,9 @@ def test_the_model_file_plan_runs_exports_and_deploys(tuned, capsys):
     capsys.readouterr()
     assert main(["run", str(deploy)]) == 0
     out = capsys.readouterr().out
-    assert "the model's own ONNX graph" in out and float(out.split("max |err|")[1].split()[0]) < 1e-4
+    assert (
+        "the model's own ONNX graph" in out and float(out.split("max |err|")[1].split()[0]) < 1e-4
+    )
 
 
 def test_a_model_file_plan_refuses_another_file(tuned, tmp_path, capsys):

@@ -40,8 +40,12 @@ class _Touch:
 def test_the_local_worker_answers_a_pickle_with_an_error_and_runs_nothing(tmp_path):
     marker = tmp_path / "pwned"
     data = pickle.dumps(_Touch(marker))
-    proc = subprocess.Popen([sys.executable, "-m", "partune.runners.worker_main"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "partune.runners.worker_main"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert proc.stdout.read(4) == b"RDY!"
         proc.stdin.write(struct.pack("<I", len(data)) + data)
@@ -109,7 +113,9 @@ def test_a_zoo_models_torch_peer_is_rebuilt_by_name():
 
 
 def test_a_module_without_a_recipe_is_an_unavailable_peer_not_a_pickle():
-    model = type("M", (), {"onnx_bytes": None, "torch_module": _Tiny(), "torch_recipe": None, "name": "m"})()
+    model = type(
+        "M", (), {"onnx_bytes": None, "torch_module": _Tiny(), "torch_recipe": None, "name": "m"}
+    )()
     spec = peers.peer_specs(model, ("torch",))[peers.peer_label("torch", model)]
     assert spec["kind"] == "unavailable" and "without pickle" in spec["why"]
 

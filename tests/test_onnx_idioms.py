@@ -28,8 +28,13 @@ def _write(path, extra_output: bool = False):
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 6, 6])]
     if extra_output:  # the pooled value is also returned: the chain around it must stay exact
         outputs.append(helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 8, 1, 1]))
-    graph = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
-                              outputs, [w])
+    graph = helper.make_graph(
+        nodes,
+        "se",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+        outputs,
+        [w],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))
@@ -65,14 +70,25 @@ def _instance_norm_file(path, shape):
     """Conv then InstanceNormalization (how torch exports GroupNorm(C, C), wav2vec2's front end)."""
     rng = np.random.default_rng(1)
     c = shape[1]
-    inits = [numpy_helper.from_array(rng.standard_normal((c, c) + (1,) * (len(shape) - 2)).astype("float32"), "w"),
-             numpy_helper.from_array(rng.uniform(0.5, 2.0, c).astype("float32"), "scale"),
-             numpy_helper.from_array(rng.standard_normal(c).astype("float32"), "shift")]
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
-             helper.make_node("InstanceNormalization", ["c", "scale", "shift"], ["n"], epsilon=1e-5),
-             helper.make_node("Relu", ["n"], ["y"])]
-    graph = helper.make_graph(nodes, "inorm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    inits = [
+        numpy_helper.from_array(
+            rng.standard_normal((c, c) + (1,) * (len(shape) - 2)).astype("float32"), "w"
+        ),
+        numpy_helper.from_array(rng.uniform(0.5, 2.0, c).astype("float32"), "scale"),
+        numpy_helper.from_array(rng.standard_normal(c).astype("float32"), "shift"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"]),
+        helper.make_node("InstanceNormalization", ["c", "scale", "shift"], ["n"], epsilon=1e-5),
+        helper.make_node("Relu", ["n"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "inorm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))
@@ -87,7 +103,15 @@ def test_instance_norm_comes_back_with_its_affine(tmp_path, shape):
     out = relax_to_onnx(model.mod["main"])
     fused = Counter(n.op_type for n in out.graph.node)
     assert fused["InstanceNormalization"] == 1
-    assert not fused.keys() & {"ReduceMean", "GlobalAveragePool", "Sqrt", "Div", "Sub", "Mul", "Add"}
+    assert not fused.keys() & {
+        "ReduceMean",
+        "GlobalAveragePool",
+        "Sqrt",
+        "Div",
+        "Sub",
+        "Mul",
+        "Add",
+    }
     # the absorbed per-channel scale and shift constants are gone, the conv weight stays
     assert len(out.graph.initializer) == 3
     np.testing.assert_allclose(_run(out, model.inputs)[0], model.reference[0], rtol=1e-4, atol=1e-4)
@@ -101,21 +125,50 @@ def _pre_activation_file(path, std_sign: float = 1.0):
     c = 4
     inits = [numpy_helper.from_array(rng.standard_normal((8, c, 3, 3)).astype("float32"), "w")]
     if std_sign > 0:
-        for name, v in (("gamma", rng.uniform(0.5, 2, c)), ("beta", rng.standard_normal(c)),
-                        ("mean", rng.standard_normal(c)), ("var", rng.uniform(0.5, 2, c))):
+        for name, v in (
+            ("gamma", rng.uniform(0.5, 2, c)),
+            ("beta", rng.standard_normal(c)),
+            ("mean", rng.standard_normal(c)),
+            ("var", rng.uniform(0.5, 2, c)),
+        ):
             inits.append(numpy_helper.from_array(v.astype("float32"), name))
-        norm = [helper.make_node("BatchNormalization", ["r", "gamma", "beta", "mean", "var"], ["n"], epsilon=1e-5)]
+        norm = [
+            helper.make_node(
+                "BatchNormalization", ["r", "gamma", "beta", "mean", "var"], ["n"], epsilon=1e-5
+            )
+        ]
     else:
         names = ["m", "s", "g", "b"]
-        for name, v in zip(names, (rng.standard_normal(c), -rng.uniform(0.5, 2, c), rng.uniform(0.5, 2, c),
-                                   rng.standard_normal(c)), strict=True):
+        for name, v in zip(
+            names,
+            (
+                rng.standard_normal(c),
+                -rng.uniform(0.5, 2, c),
+                rng.uniform(0.5, 2, c),
+                rng.standard_normal(c),
+            ),
+            strict=True,
+        ):
             inits.append(numpy_helper.from_array(v.astype("float32").reshape(c, 1, 1), name))
-        norm = [helper.make_node("Sub", ["r", names[0]], ["t1"]), helper.make_node("Div", ["t1", names[1]], ["t2"]),
-                helper.make_node("Mul", ["t2", names[2]], ["t3"]), helper.make_node("Add", ["t3", names[3]], ["n"])]
-    nodes = [helper.make_node("Relu", ["x"], ["r"]), *norm, helper.make_node("Relu", ["n"], ["a"]),
-             helper.make_node("Conv", ["a", "w"], ["y"], pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 6, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 6, 6])], inits)
+        norm = [
+            helper.make_node("Sub", ["r", names[0]], ["t1"]),
+            helper.make_node("Div", ["t1", names[1]], ["t2"]),
+            helper.make_node("Mul", ["t2", names[2]], ["t3"]),
+            helper.make_node("Add", ["t3", names[3]], ["n"]),
+        ]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        *norm,
+        helper.make_node("Relu", ["n"], ["a"]),
+        helper.make_node("Conv", ["a", "w"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 6, 6])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))
@@ -145,16 +198,25 @@ def test_a_conv_transpose_keeps_its_bias(tmp_path):
     w = numpy_helper.from_array(rng.standard_normal((4, 3, 2, 2)).astype("float32"), "w")
     b = numpy_helper.from_array(rng.standard_normal(3).astype("float32"), "b")
     node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2])
-    graph = helper.make_graph([node], "up", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 10, 10])], [w, b])
+    graph = helper.make_graph(
+        [node],
+        "up",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 10, 10])],
+        [w, b],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(tmp_path / "up.onnx"))
     imported = load(str(tmp_path / "up.onnx"))
-    assert Counter(n.op for n in imported.graph.nodes)["add"] == 1  # what the import made of the bias
+    assert (
+        Counter(n.op for n in imported.graph.nodes)["add"] == 1
+    )  # what the import made of the bias
     out = relax_to_onnx(imported.mod["main"])
     ops = Counter(n.op_type for n in out.graph.node)
     assert ops["ConvTranspose"] == 1 and ops["Add"] == 0
     (conv,) = [n for n in out.graph.node if n.op_type == "ConvTranspose"]
     assert len(conv.input) == 3
-    np.testing.assert_allclose(_run(out, imported.inputs)[0], imported.reference[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        _run(out, imported.inputs)[0], imported.reference[0], rtol=1e-5, atol=1e-5
+    )

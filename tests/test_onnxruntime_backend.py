@@ -33,10 +33,10 @@ def backend() -> OnnxRuntimeBackend:
     return OnnxRuntimeBackend()
 
 
-def _run(backend: OnnxRuntimeBackend, func: relax.Function, *inputs: np.ndarray) -> list[np.ndarray]:
+def _run(
+    backend: OnnxRuntimeBackend, func: relax.Function, *inputs: np.ndarray
+) -> list[np.ndarray]:
     return run_region(backend, SCOPE, func, *inputs)
-
-
 
 
 def test_backend_identity(backend: OnnxRuntimeBackend) -> None:
@@ -58,8 +58,12 @@ def test_zoo_model_matches_torch(zoo, backend: OnnxRuntimeBackend, name: str) ->
 @pytest.mark.parametrize("name", SMALL_ZOO)
 def test_zoo_every_binding_accepted(zoo, backend: OnnxRuntimeBackend, name: str) -> None:
     func = zoo[name][0]
-    refused = [str(b.value)[:120] for blk in func.body.blocks for b in blk.bindings
-               if not backend.accepts(b)]
+    refused = [
+        str(b.value)[:120]
+        for blk in func.body.blocks
+        for b in blk.bindings
+        if not backend.accepts(b)
+    ]
     assert refused == []
 
 
@@ -76,15 +80,26 @@ def test_relax_to_onnx_passes_checker(zoo) -> None:
 
 
 REFUSED: dict[str, tuple[list, Callable[..., relax.Expr]]] = {
-    "conv2d NHWC": ([((1, 8, 8, 3), "float32"), ((4, 3, 3, 3), "float32")],
-                    lambda x, w: O.nn.conv2d(x, w, data_layout="NHWC")),
-    "batch_norm training": ([((1, 3, 4, 4), "float32")] + [((3,), "float32")] * 4,
-                            lambda x, g, b, m, v: O.nn.batch_norm(x, g, b, m, v, axis=1, training=True)),
-    "layer_norm no affine": ([((2, 4), "float32"), ((4,), "float32"), ((4,), "float32")],
-                             lambda x, g, b: O.nn.layer_norm(x, g, b, [-1], center=False)),
-    "layer_norm inner axis": ([((2, 3, 4), "float32"), ((3,), "float32"), ((3,), "float32")],
-                              lambda x, g, b: O.nn.layer_norm(x, g, b, [1])),
-    "take nan mode": ([((5, 3), "float32"), ((2,), "int64")], lambda x, i: O.take(x, i, 0, mode="nan")),
+    "conv2d NHWC": (
+        [((1, 8, 8, 3), "float32"), ((4, 3, 3, 3), "float32")],
+        lambda x, w: O.nn.conv2d(x, w, data_layout="NHWC"),
+    ),
+    "batch_norm training": (
+        [((1, 3, 4, 4), "float32")] + [((3,), "float32")] * 4,
+        lambda x, g, b, m, v: O.nn.batch_norm(x, g, b, m, v, axis=1, training=True),
+    ),
+    "layer_norm no affine": (
+        [((2, 4), "float32"), ((4,), "float32"), ((4,), "float32")],
+        lambda x, g, b: O.nn.layer_norm(x, g, b, [-1], center=False),
+    ),
+    "layer_norm inner axis": (
+        [((2, 3, 4), "float32"), ((3,), "float32"), ((3,), "float32")],
+        lambda x, g, b: O.nn.layer_norm(x, g, b, [1]),
+    ),
+    "take nan mode": (
+        [((5, 3), "float32"), ((2,), "int64")],
+        lambda x, i: O.take(x, i, 0, mode="nan"),
+    ),
     "uneven adaptive pool": ([((1, 2, 7, 7), "float32")], lambda x: O.nn.adaptive_avg_pool2d(x, 3)),
     "unsupported op": ([((1, 4, 2, 8), "float32")] * 3, O.nn.attention),
     "bfloat16": ([((4,), "bfloat16")] * 2, O.add),
@@ -147,7 +162,10 @@ def test_two_output_region(backend: OnnxRuntimeBackend) -> None:
 def test_kernel_rebinds_new_buffers_and_validates(backend: OnnxRuntimeBackend) -> None:
     func = one_op([((4,), "float32"), ((4,), "float32")], O.multiply)
     kernel = backend.build_region(func, SCOPE, 1)
-    sets = [[tvm.runtime.tensor(np.full(4, v, "float32")) for v in (k + 2.0, 3.0, 0.0)] for k in range(2)]
+    sets = [
+        [tvm.runtime.tensor(np.full(4, v, "float32")) for v in (k + 2.0, 3.0, 0.0)]
+        for k in range(2)
+    ]
     for _ in range(2):  # second round hits the cached bindings
         for k, (x, y, out) in enumerate(sets):
             kernel(x, y, out)
@@ -166,17 +184,26 @@ def test_inlines_composite_functions(backend: OnnxRuntimeBackend) -> None:
     """A region as BYOC hands it over: calls to local composite functions."""
     from tvm.relax.dpl import is_op, wildcard
 
-    func = one_op([((1, 3, 6, 6), "float32")], lambda x: O.nn.relu(O.nn.conv2d(
-        x, relax.const(np.ones((2, 3, 3, 3), "float32")), padding=1)))
+    func = one_op(
+        [((1, 3, 6, 6), "float32")],
+        lambda x: O.nn.relu(
+            O.nn.conv2d(x, relax.const(np.ones((2, 3, 3, 3), "float32")), padding=1)
+        ),
+    )
     pattern = is_op("relax.nn.relu")(is_op("relax.nn.conv2d")(wildcard(), wildcard()))
     mod = tvm.IRModule({"main": func})
     mod = relax.transform.FuseOpsByPattern([("partune_onnxruntime.cr", pattern)])(mod)
     mod = relax.transform.MergeCompositeFunctions()(mod)
-    region = next(f for _, f in mod.functions.items()
-                  if isinstance(f, relax.Function) and f.attrs is not None and "Codegen" in f.attrs)
+    region = next(
+        f
+        for _, f in mod.functions.items()
+        if isinstance(f, relax.Function) and f.attrs is not None and "Codegen" in f.attrs
+    )
     x = np.random.default_rng(0).standard_normal((1, 3, 6, 6)).astype("float32")
     (got,) = _run(backend, region, x)
-    want = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x), torch.ones(2, 3, 3, 3), padding=1))
+    want = torch.relu(
+        torch.nn.functional.conv2d(torch.from_numpy(x), torch.ones(2, 3, 3, 3), padding=1)
+    )
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
 
 
@@ -189,66 +216,146 @@ _W1 = _RNG.standard_normal((6, 2, 3)).astype("float32")
 _W1T = _RNG.standard_normal((4, 3, 3)).astype("float32")
 _W2 = _RNG.standard_normal((2, 3, 3, 3)).astype("float32")
 
-SEMANTICS: dict[str, tuple[list, Callable[..., relax.Expr], list[np.ndarray], Callable[..., list]]] = {
-    "take wrap": ([((2, 7), "float32"), ((3,), "int64")], lambda x, i: O.take(x, i, 1, mode="wrap"),
-                  [_X, np.array([-1, 8, 2])], lambda x, i: [np.take(x, i, 1, mode="wrap")]),
-    "take clip": ([((2, 7), "float32"), ((3,), "int32")], lambda x, i: O.take(x, i, 1, mode="clip"),
-                  [_X, np.array([-4, 9, 2], "int32")], lambda x, i: [np.take(x, i, 1, mode="clip")]),
+SEMANTICS: dict[
+    str, tuple[list, Callable[..., relax.Expr], list[np.ndarray], Callable[..., list]]
+] = {
+    "take wrap": (
+        [((2, 7), "float32"), ((3,), "int64")],
+        lambda x, i: O.take(x, i, 1, mode="wrap"),
+        [_X, np.array([-1, 8, 2])],
+        lambda x, i: [np.take(x, i, 1, mode="wrap")],
+    ),
+    "take clip": (
+        [((2, 7), "float32"), ((3,), "int32")],
+        lambda x, i: O.take(x, i, 1, mode="clip"),
+        [_X, np.array([-4, 9, 2], "int32")],
+        lambda x, i: [np.take(x, i, 1, mode="clip")],
+    ),
     "strided_slice negative step": (
-        [((2, 7), "float32")], lambda x: O.strided_slice(x, [0, 1], [-1, 100], [-100, -100], [-1, -3]),
-        [_X], lambda x: [x[::-1, ::-3]]),
-    "pad reflect": ([((2, 7), "float32")], lambda x: O.nn.pad(x, [1, 0, 2, 3], pad_mode="reflect"),
-                    [_X], lambda x: [np.pad(x, [(1, 0), (2, 3)], mode="reflect")]),
-    "pad replicate": ([((2, 7), "float32")], lambda x: O.nn.pad(x, [0, 1, 3, 0], pad_mode="replicate"),
-                      [_X], lambda x: [np.pad(x, [(0, 1), (3, 0)], mode="edge")]),
-    "split uneven": ([((2, 7), "float32")], lambda x: O.split(x, 3, axis=1),
-                     [_X], lambda x: [x[:, :3], x[:, 3:6], x[:, 6:]]),
+        [((2, 7), "float32")],
+        lambda x: O.strided_slice(x, [0, 1], [-1, 100], [-100, -100], [-1, -3]),
+        [_X],
+        lambda x: [x[::-1, ::-3]],
+    ),
+    "pad reflect": (
+        [((2, 7), "float32")],
+        lambda x: O.nn.pad(x, [1, 0, 2, 3], pad_mode="reflect"),
+        [_X],
+        lambda x: [np.pad(x, [(1, 0), (2, 3)], mode="reflect")],
+    ),
+    "pad replicate": (
+        [((2, 7), "float32")],
+        lambda x: O.nn.pad(x, [0, 1, 3, 0], pad_mode="replicate"),
+        [_X],
+        lambda x: [np.pad(x, [(0, 1), (3, 0)], mode="edge")],
+    ),
+    "split uneven": (
+        [((2, 7), "float32")],
+        lambda x: O.split(x, 3, axis=1),
+        [_X],
+        lambda x: [x[:, :3], x[:, 3:6], x[:, 6:]],
+    ),
     "index_tensor broadcast": (
         [((2, 7), "float32"), ((2, 1), "int64"), ((3,), "int32")],
         lambda x, i, j: O.index_tensor(x, relax.Tuple([i, j])),
-        [_X, np.array([[1], [0]]), np.array([0, 6, 2], "int32")], lambda x, i, j: [x[i, j]]),
-    "cumsum exclusive flat": ([((2, 7), "float32")], lambda x: O.cumsum(x, None, exclusive=True),
-                              [_X], lambda x: [np.concatenate([[0], np.cumsum(x)[:-1]])]),
-    "cumsum bool to int64": ([((1, 5), "bool")], lambda m: O.cumsum(m, 1, dtype="int64"),
-                             [_MASK], lambda m: [np.cumsum(m, 1)]),
-    "adaptive pool 2x2": ([((1, 2, 8, 8), "float32")], lambda x: O.nn.adaptive_avg_pool2d(x, 2),
-                          [_IMG], lambda x: [x.reshape(1, 2, 2, 4, 2, 4).mean((3, 5))]),
-    "max_pool ceil": ([((1, 2, 8, 8), "float32")],
-                      lambda x: O.nn.max_pool2d(x, 3, 2, padding=1, ceil_mode=True),
-                      [_IMG], lambda x: [torch.nn.functional.max_pool2d(
-                          torch.from_numpy(x), 3, 2, 1, ceil_mode=True).numpy()]),
-    "gelu_tanh": ([((2, 7), "float32")], O.nn.gelu_tanh, [_X],
-                  lambda x: [torch.nn.functional.gelu(torch.from_numpy(x), approximate="tanh").numpy()]),
-    "batch_norm tuple": ([((1, 2, 8, 8), "float32")] + [((2,), "float32")] * 4,
-                         lambda x, g, b, m, v: O.nn.batch_norm(x, g, b, m, v, axis=1, training=False),
-                         [_IMG, *np.array([[1.5, 0.5], [0.1, -0.2], [0.3, 0.0], [2.0, 0.5]], "float32")],
-                         lambda x, g, b, m, v: [
-                             (x - m[:, None, None]) / np.sqrt(v[:, None, None] + 1e-5) * g[:, None, None]
-                             + b[:, None, None], m, v]),
-    "full from a tensor": ([((), "float32")], lambda v: O.full((2, 3), v, "int32"),
-                           [np.array(2.7, "float32")], lambda v: [np.full((2, 3), 2, "int32")]),
+        [_X, np.array([[1], [0]]), np.array([0, 6, 2], "int32")],
+        lambda x, i, j: [x[i, j]],
+    ),
+    "cumsum exclusive flat": (
+        [((2, 7), "float32")],
+        lambda x: O.cumsum(x, None, exclusive=True),
+        [_X],
+        lambda x: [np.concatenate([[0], np.cumsum(x)[:-1]])],
+    ),
+    "cumsum bool to int64": (
+        [((1, 5), "bool")],
+        lambda m: O.cumsum(m, 1, dtype="int64"),
+        [_MASK],
+        lambda m: [np.cumsum(m, 1)],
+    ),
+    "adaptive pool 2x2": (
+        [((1, 2, 8, 8), "float32")],
+        lambda x: O.nn.adaptive_avg_pool2d(x, 2),
+        [_IMG],
+        lambda x: [x.reshape(1, 2, 2, 4, 2, 4).mean((3, 5))],
+    ),
+    "max_pool ceil": (
+        [((1, 2, 8, 8), "float32")],
+        lambda x: O.nn.max_pool2d(x, 3, 2, padding=1, ceil_mode=True),
+        [_IMG],
+        lambda x: [
+            torch.nn.functional.max_pool2d(torch.from_numpy(x), 3, 2, 1, ceil_mode=True).numpy()
+        ],
+    ),
+    "gelu_tanh": (
+        [((2, 7), "float32")],
+        O.nn.gelu_tanh,
+        [_X],
+        lambda x: [torch.nn.functional.gelu(torch.from_numpy(x), approximate="tanh").numpy()],
+    ),
+    "batch_norm tuple": (
+        [((1, 2, 8, 8), "float32")] + [((2,), "float32")] * 4,
+        lambda x, g, b, m, v: O.nn.batch_norm(x, g, b, m, v, axis=1, training=False),
+        [_IMG, *np.array([[1.5, 0.5], [0.1, -0.2], [0.3, 0.0], [2.0, 0.5]], "float32")],
+        lambda x, g, b, m, v: [
+            (x - m[:, None, None]) / np.sqrt(v[:, None, None] + 1e-5) * g[:, None, None]
+            + b[:, None, None],
+            m,
+            v,
+        ],
+    ),
+    "full from a tensor": (
+        [((), "float32")],
+        lambda v: O.full((2, 3), v, "int32"),
+        [np.array(2.7, "float32")],
+        lambda v: [np.full((2, 3), 2, "int32")],
+    ),
     "conv1d strided grouped": (
         [((1, 4, 11), "float32"), ((6, 2, 3), "float32")],
         lambda x, w: O.nn.conv1d(x, w, strides=2, padding=(1, 2), dilation=2, groups=2),
-        [_SEQ, _W1], lambda x, w: [torch.nn.functional.conv1d(
-            torch.nn.functional.pad(torch.from_numpy(x), (1, 2)), torch.from_numpy(w),
-            stride=2, dilation=2, groups=2).numpy()]),
+        [_SEQ, _W1],
+        lambda x, w: [
+            torch.nn.functional.conv1d(
+                torch.nn.functional.pad(torch.from_numpy(x), (1, 2)),
+                torch.from_numpy(w),
+                stride=2,
+                dilation=2,
+                groups=2,
+            ).numpy()
+        ],
+    ),
     "conv2d_transpose": (
         [((1, 2, 8, 8), "float32"), ((2, 3, 3, 3), "float32")],
         lambda x, w: O.nn.conv2d_transpose(x, w, strides=2, padding=1, output_padding=1),
-        [_IMG, _W2], lambda x, w: [torch.nn.functional.conv_transpose2d(
-            torch.from_numpy(x), torch.from_numpy(w), stride=2, padding=1, output_padding=1).numpy()]),
+        [_IMG, _W2],
+        lambda x, w: [
+            torch.nn.functional.conv_transpose2d(
+                torch.from_numpy(x), torch.from_numpy(w), stride=2, padding=1, output_padding=1
+            ).numpy()
+        ],
+    ),
     "conv1d_transpose grouped": (
         [((1, 4, 11), "float32"), ((4, 3, 3), "float32")],
         lambda x, w: O.nn.conv1d_transpose(x, w, strides=2, groups=2),
-        [_SEQ, _W1T], lambda x, w: [torch.nn.functional.conv_transpose1d(
-            torch.from_numpy(x), torch.from_numpy(w), stride=2, groups=2).numpy()]),
-    "variance": ([((1, 2, 8, 8), "float32")], lambda x: O.variance(x, [2, 3], keepdims=True),
-                 [_IMG], lambda x: [x.var((2, 3), keepdims=True)]),
-    "gather_elements": ([((2, 7), "float32"), ((2, 3), "int64")],
-                        lambda x, i: O.gather_elements(x, i, axis=1),
-                        [_X, np.array([[0, 6, 2], [1, 1, 5]])],
-                        lambda x, i: [np.take_along_axis(x, i, 1)]),
+        [_SEQ, _W1T],
+        lambda x, w: [
+            torch.nn.functional.conv_transpose1d(
+                torch.from_numpy(x), torch.from_numpy(w), stride=2, groups=2
+            ).numpy()
+        ],
+    ),
+    "variance": (
+        [((1, 2, 8, 8), "float32")],
+        lambda x: O.variance(x, [2, 3], keepdims=True),
+        [_IMG],
+        lambda x: [x.var((2, 3), keepdims=True)],
+    ),
+    "gather_elements": (
+        [((2, 7), "float32"), ((2, 3), "int64")],
+        lambda x, i: O.gather_elements(x, i, axis=1),
+        [_X, np.array([[0, 6, 2], [1, 1, 5]])],
+        lambda x, i: [np.take_along_axis(x, i, 1)],
+    ),
 }
 
 
@@ -293,7 +400,10 @@ def test_conv1d_front_end_is_one_region_of_conv_nodes(backend: OnnxRuntimeBacken
     ops = Counter(n.op_type for n in model.graph.node)
     assert ops["Conv"] == 2 and not ops.keys() & {"Pad", "MatMul", "Unsqueeze", "Squeeze"}
     convs = [n for n in model.graph.node if n.op_type == "Conv"]
-    assert [[a.ints for a in c.attribute if a.name == "kernel_shape"][0] for c in convs] == [[3], [3]]
+    assert [[a.ints for a in c.attribute if a.name == "kernel_shape"][0] for c in convs] == [
+        [3],
+        [3],
+    ]
     x = np.random.default_rng(3).standard_normal((1, 8, 40)).astype("float32")
     (got,) = _run(backend, func, x)
     ex = tvm.compile(tvm.IRModule({"main": func}), tvm.target.Target({"kind": "llvm"}))

@@ -41,8 +41,6 @@ def reference() -> TvmBackend:
     return TvmBackend()
 
 
-
-
 def _assert_matches(got: list[np.ndarray], want: list[np.ndarray], rtol: float = 1e-5) -> None:
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
@@ -65,8 +63,9 @@ def test_backend_identity(backend: OpenVinoBackend) -> None:
 
 def test_compiled_model_runs_in_f32_on_one_thread(backend: OpenVinoBackend) -> None:
     """Read the properties back: the AMX default (bf16) would silently change results."""
-    kernel = backend.build_region(one_op([((4, 8), "float32"), ((8, 3), "float32")], O.matmul),
-                                  SCOPE, 1)
+    kernel = backend.build_region(
+        one_op([((4, 8), "float32"), ((8, 3), "float32")], O.matmul), SCOPE, 1
+    )
     compiled = kernel.compiled
     assert compiled.get_property("INFERENCE_PRECISION_HINT") == ov.Type.f32
     assert compiled.get_property("EXECUTION_MODE_HINT") == ov.properties.hint.ExecutionMode.ACCURACY
@@ -101,61 +100,103 @@ _I8 = np.array([[127, -128, 5], [-1, 0, -128]], "int8")
 
 # Ops (and dtype edge cases the policy accepts) against TVM: (params, body, inputs).
 OPS: dict[str, tuple[list, Callable[..., relax.Expr], list[np.ndarray]]] = {
-    "conv2d grouped strided": ([((1, 4, 9, 9), "float32"), ((6, 2, 3, 3), "float32")],
-                               lambda x, w: O.nn.conv2d(x, w, strides=2, padding=1, groups=2),
-                               [_randn(1, 4, 9, 9), _randn(6, 2, 3, 3)]),
-    "matmul batched": ([((2, 5, 8), "float32"), ((8, 3), "float32")], O.matmul,
-                       [_randn(2, 5, 8), _randn(8, 3)]),
+    "conv2d grouped strided": (
+        [((1, 4, 9, 9), "float32"), ((6, 2, 3, 3), "float32")],
+        lambda x, w: O.nn.conv2d(x, w, strides=2, padding=1, groups=2),
+        [_randn(1, 4, 9, 9), _randn(6, 2, 3, 3)],
+    ),
+    "matmul batched": (
+        [((2, 5, 8), "float32"), ((8, 3), "float32")],
+        O.matmul,
+        [_randn(2, 5, 8), _randn(8, 3)],
+    ),
     "softmax": ([((3, 7), "float32")], lambda x: O.nn.softmax(x, -1), [_randn(3, 7) * 5]),
     "log_softmax": ([((3, 7), "float32")], lambda x: O.nn.log_softmax(x, 0), [_randn(3, 7)]),
-    "layer_norm": ([((2, 3, 8), "float32"), ((8,), "float32"), ((8,), "float32")],
-                   lambda x, g, b: O.nn.layer_norm(x, g, b, [-1]),
-                   [_randn(2, 3, 8), _randn(8), _randn(8)]),
+    "layer_norm": (
+        [((2, 3, 8), "float32"), ((8,), "float32"), ((8,), "float32")],
+        lambda x, g, b: O.nn.layer_norm(x, g, b, [-1]),
+        [_randn(2, 3, 8), _randn(8), _randn(8)],
+    ),
     "gelu": ([((4, 9), "float32")], O.nn.gelu, [_randn(4, 9) * 3]),
     "gelu_tanh": ([((4, 9), "float32")], O.nn.gelu_tanh, [_randn(4, 9) * 3]),
     "silu": ([((4, 9), "float32")], O.nn.silu, [_randn(4, 9) * 3]),
     "erf exp rsqrt": ([((4, 9), "float32")], lambda x: O.rsqrt(O.exp(O.erf(x))), [_randn(4, 9)]),
-    "batch_norm tuple": ([((1, 3, 5, 5), "float32")] + [((3,), "float32")] * 4,
-                         lambda x, g, b, m, v: O.nn.batch_norm(x, g, b, m, v, 1, training=False),
-                         [_randn(1, 3, 5, 5), _randn(3), _randn(3), _randn(3),
-                          np.abs(_randn(3)) + 0.5]),
-    "max_pool ceil": ([((1, 2, 8, 8), "float32")],
-                      lambda x: O.nn.max_pool2d(x, 3, 2, padding=1, ceil_mode=True),
-                      [_randn(1, 2, 8, 8)]),
-    "avg_pool no pad count": ([((1, 2, 7, 7), "float32")],
-                              lambda x: O.nn.avg_pool2d(x, 3, 2, padding=1, count_include_pad=False),
-                              [_randn(1, 2, 7, 7)]),
-    "adaptive pool 1x1": ([((1, 3, 6, 6), "float32")], lambda x: O.nn.adaptive_avg_pool2d(x, 1),
-                          [_randn(1, 3, 6, 6)]),
-    "mean keepdims": ([((2, 3, 4), "float32")], lambda x: O.mean(x, [1, 2], keepdims=True),
-                      [_randn(2, 3, 4)]),
-    "pad reflect": ([((2, 7), "float32")], lambda x: O.nn.pad(x, [1, 0, 2, 3], pad_mode="reflect"),
-                    [_randn(2, 7)]),
+    "batch_norm tuple": (
+        [((1, 3, 5, 5), "float32")] + [((3,), "float32")] * 4,
+        lambda x, g, b, m, v: O.nn.batch_norm(x, g, b, m, v, 1, training=False),
+        [_randn(1, 3, 5, 5), _randn(3), _randn(3), _randn(3), np.abs(_randn(3)) + 0.5],
+    ),
+    "max_pool ceil": (
+        [((1, 2, 8, 8), "float32")],
+        lambda x: O.nn.max_pool2d(x, 3, 2, padding=1, ceil_mode=True),
+        [_randn(1, 2, 8, 8)],
+    ),
+    "avg_pool no pad count": (
+        [((1, 2, 7, 7), "float32")],
+        lambda x: O.nn.avg_pool2d(x, 3, 2, padding=1, count_include_pad=False),
+        [_randn(1, 2, 7, 7)],
+    ),
+    "adaptive pool 1x1": (
+        [((1, 3, 6, 6), "float32")],
+        lambda x: O.nn.adaptive_avg_pool2d(x, 1),
+        [_randn(1, 3, 6, 6)],
+    ),
+    "mean keepdims": (
+        [((2, 3, 4), "float32")],
+        lambda x: O.mean(x, [1, 2], keepdims=True),
+        [_randn(2, 3, 4)],
+    ),
+    "pad reflect": (
+        [((2, 7), "float32")],
+        lambda x: O.nn.pad(x, [1, 0, 2, 3], pad_mode="reflect"),
+        [_randn(2, 7)],
+    ),
     "strided_slice negative step": (
-        [((4, 7), "float32")], lambda x: O.strided_slice(x, [0, 1], [-1, 100], [-100, -100], [-1, -3]),
-        [_randn(4, 7)]),
+        [((4, 7), "float32")],
+        lambda x: O.strided_slice(x, [0, 1], [-1, 100], [-100, -100], [-1, -3]),
+        [_randn(4, 7)],
+    ),
     "split uneven": ([((2, 7), "float32")], lambda x: O.split(x, 3, axis=1), [_randn(2, 7)]),
-    "cumsum exclusive": ([((2, 7), "float32")], lambda x: O.cumsum(x, 1, exclusive=True),
-                         [_randn(2, 7)]),
-    "where bool": ([((2, 3), "bool"), ((2, 3), "float32"), ((1, 3), "float32")], O.where,
-                   [_RNG.integers(0, 2, (2, 3)).astype(bool), _randn(2, 3), _randn(1, 3)]),
-    "float16 add": ([((3, 4), "float16")] * 2, O.add,
-                    [_randn(3, 4).astype("float16"), _randn(3, 4).astype("float16")]),
+    "cumsum exclusive": (
+        [((2, 7), "float32")],
+        lambda x: O.cumsum(x, 1, exclusive=True),
+        [_randn(2, 7)],
+    ),
+    "where bool": (
+        [((2, 3), "bool"), ((2, 3), "float32"), ((1, 3), "float32")],
+        O.where,
+        [_RNG.integers(0, 2, (2, 3)).astype(bool), _randn(2, 3), _randn(1, 3)],
+    ),
+    "float16 add": (
+        [((3, 4), "float16")] * 2,
+        O.add,
+        [_randn(3, 4).astype("float16"), _randn(3, 4).astype("float16")],
+    ),
     # dtype edge cases: accepted only because the plugin is exact on them
-    "take int64 indices": ([((5, 3), "float32"), ((4,), "int64")], lambda x, i: O.take(x, i, 0),
-                           [_randn(5, 3), np.array([4, 0, 2, 4], "int64")]),
-    "index_tensor int64": ([((5, 3), "float32"), ((2, 1), "int64"), ((3,), "int64")],
-                           lambda x, i, j: O.index_tensor(x, relax.Tuple([i, j])),
-                           [_randn(5, 3), np.array([[4], [1]]), np.array([0, 2, 1])]),
-    "gather_elements int64": ([((3, 4), "float32"), ((3, 2), "int64")],
-                              lambda x, i: O.gather_elements(x, i, axis=1),
-                              [_randn(3, 4), np.array([[3, 0], [1, 1], [2, 3]], "int64")]),
+    "take int64 indices": (
+        [((5, 3), "float32"), ((4,), "int64")],
+        lambda x, i: O.take(x, i, 0),
+        [_randn(5, 3), np.array([4, 0, 2, 4], "int64")],
+    ),
+    "index_tensor int64": (
+        [((5, 3), "float32"), ((2, 1), "int64"), ((3,), "int64")],
+        lambda x, i, j: O.index_tensor(x, relax.Tuple([i, j])),
+        [_randn(5, 3), np.array([[4], [1]]), np.array([0, 2, 1])],
+    ),
+    "gather_elements int64": (
+        [((3, 4), "float32"), ((3, 2), "int64")],
+        lambda x, i: O.gather_elements(x, i, axis=1),
+        [_randn(3, 4), np.array([[3, 0], [1, 1], [2, 3]], "int64")],
+    ),
     "astype int64->int32 wraps": ([((4,), "int64")], lambda x: O.astype(x, "int32"), [_I64]),
     "astype int64->float32": ([((4,), "int64")], lambda x: O.astype(x, "float32"), [_I64]),
     "int32 extremes maximum": ([((4,), "int32")] * 2, O.maximum, [_I32, _I32[::-1].copy()]),
     "int32 extremes less": ([((4,), "int32")] * 2, O.less, [_I32, _I32 - np.int32(1)]),
-    "int32 extremes concat": ([((4,), "int32")] * 2, lambda a, b: O.concat([a, b]),
-                              [_I32, _I32[::-1].copy()]),
+    "int32 extremes concat": (
+        [((4,), "int32")] * 2,
+        lambda a, b: O.concat([a, b]),
+        [_I32, _I32[::-1].copy()],
+    ),
     "int8 max reduction": ([((2, 3), "int8")], lambda x: O.max(x, 1), [_I8]),
     "int8 to bool": ([((2, 3), "int8")], lambda x: O.astype(x, "bool"), [_I8]),
 }
@@ -182,8 +223,10 @@ REFUSED: dict[str, tuple[list, Callable[..., relax.Expr]]] = {
     "float to bool (NaN)": ([((4,), "float32")], lambda x: O.astype(x, "bool")),
     "int32 to bool": ([((4,), "int32")], lambda x: O.astype(x, "bool")),
     "logical_and of floats": ([((4,), "float32")] * 2, O.logical_and),
-    "conv2d NHWC (no translation)": ([((1, 8, 8, 3), "float32"), ((4, 3, 3, 3), "float32")],
-                                     lambda x, w: O.nn.conv2d(x, w, data_layout="NHWC")),
+    "conv2d NHWC (no translation)": (
+        [((1, 8, 8, 3), "float32"), ((4, 3, 3, 3), "float32")],
+        lambda x, w: O.nn.conv2d(x, w, data_layout="NHWC"),
+    ),
     "unsupported op": ([((1, 4, 2, 8), "float32")] * 3, O.nn.attention),
     "bfloat16": ([((4,), "bfloat16")] * 2, O.add),
 }
@@ -199,15 +242,20 @@ def test_refuses_structural_int64_and_accepts_other_structure(backend: OpenVinoB
     ty = relax.TensorType((2, 3), "float32")
     x, y = relax.Var("x", ty), relax.Var("y", ty)
     tup = relax.Var("t", relax.TupleType([ty, ty]))
-    for value in (x, relax.Tuple([x, y]), relax.TupleGetItem(tup, 1),
-                  relax.const(np.ones((2, 3), "float32"))):
+    for value in (
+        x,
+        relax.Tuple([x, y]),
+        relax.TupleGetItem(tup, 1),
+        relax.const(np.ones((2, 3), "float32")),
+    ):
         assert backend.accepts(relax.VarBinding(relax.Var("v", value.ty), value))
     big = relax.const(np.ones((2, 3), "int64"), "int64")
     assert not backend.accepts(relax.VarBinding(relax.Var("v", big.ty), big))
 
 
-def test_compile_probe_is_consulted_and_cached(backend: OpenVinoBackend,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compile_probe_is_consulted_and_cached(
+    backend: OpenVinoBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A binding the ONNX probe takes is still refused when OpenVINO cannot compile it."""
     calls: list[int] = []
 
@@ -225,10 +273,14 @@ def test_compile_probe_is_consulted_and_cached(backend: OpenVinoBackend,
 
 def test_probe_takes_weights_as_inputs() -> None:
     """The compile probe needs the weight's type, not its values (embeddings are 100s of MB)."""
-    func = one_op([((1, 3, 8, 8), "float32")],
-                 lambda x: O.nn.conv2d(x, relax.const(_randn(8, 3, 3, 3))))
+    func = one_op(
+        [((1, 3, 8, 8), "float32")], lambda x: O.nn.conv2d(x, relax.const(_randn(8, 3, 3, 3)))
+    )
     probe = ovb.one_binding_function(first_binding(func))
-    assert [[int(d) for d in p.ty.shape.values] for p in probe.params] == [[1, 3, 8, 8], [8, 3, 3, 3]]
+    assert [[int(d) for d in p.ty.shape.values] for p in probe.params] == [
+        [1, 3, 8, 8],
+        [8, 3, 3, 3],
+    ]
 
 
 def test_region_with_tuple_outputs(backend: OpenVinoBackend) -> None:
@@ -262,8 +314,9 @@ def test_constant_outputs(backend: OpenVinoBackend) -> None:
     func = bb.get()["main"]
     assert all(backend.accepts(b) for b in func.body.blocks[0].bindings)
     got = run_region(backend, SCOPE, func, np.ones((2, 3), "float32"))
-    for g, want in zip(got, [np.zeros((2, 3)), np.arange(6), np.full((2, 3), 7), np.full((2, 3), 14)],
-                       strict=True):
+    for g, want in zip(
+        got, [np.zeros((2, 3)), np.arange(6), np.full((2, 3), 7), np.full((2, 3), 14)], strict=True
+    ):
         np.testing.assert_array_equal(g, want.astype("float32"))
 
 
@@ -276,43 +329,58 @@ def test_conv_bn_relu_region_with_weights(backend: OpenVinoBackend, reference: T
     with bb.function("main", [x]):
         with bb.dataflow():
             c = bb.emit(O.nn.conv2d(x, relax.const(w), padding=1))
-            bn = bb.emit(O.nn.batch_norm(c, *(relax.const(v) for v in (gamma, beta, mean, var)),
-                                         axis=1, training=False))
+            bn = bb.emit(
+                O.nn.batch_norm(
+                    c, *(relax.const(v) for v in (gamma, beta, mean, var)), axis=1, training=False
+                )
+            )
             r = bb.emit(O.nn.relu(bb.emit(relax.TupleGetItem(bn, 0))))
             gv = bb.emit_output(O.nn.max_pool2d(r, 2, 2))
         bb.emit_func_output(gv)
     func = bb.get()["main"]
     inp = _randn(1, 3, 10, 10)
-    _assert_matches(run_region(backend, SCOPE, func, inp),
-                    run_region(reference, TVM_SCOPE, func, inp))
+    _assert_matches(
+        run_region(backend, SCOPE, func, inp), run_region(reference, TVM_SCOPE, func, inp)
+    )
 
 
 def test_inlines_composite_functions(backend: OpenVinoBackend, reference: TvmBackend) -> None:
     """A region as BYOC hands it over: calls to local composite functions."""
     from tvm.relax.dpl import is_op, wildcard
 
-    func = one_op([((1, 3, 6, 6), "float32")], lambda x: O.nn.relu(O.nn.conv2d(
-        x, relax.const(_randn(2, 3, 3, 3)), padding=1)))
+    func = one_op(
+        [((1, 3, 6, 6), "float32")],
+        lambda x: O.nn.relu(O.nn.conv2d(x, relax.const(_randn(2, 3, 3, 3)), padding=1)),
+    )
     pattern = is_op("relax.nn.relu")(is_op("relax.nn.conv2d")(wildcard(), wildcard()))
     mod = tvm.IRModule({"main": func})
     mod = relax.transform.FuseOpsByPattern([("partune_openvino.cr", pattern)])(mod)
     mod = relax.transform.MergeCompositeFunctions()(mod)
-    region = next(f for _, f in mod.functions.items()
-                  if isinstance(f, relax.Function) and f.attrs is not None and "Codegen" in f.attrs)
+    region = next(
+        f
+        for _, f in mod.functions.items()
+        if isinstance(f, relax.Function) and f.attrs is not None and "Codegen" in f.attrs
+    )
     x = _randn(1, 3, 6, 6)
-    _assert_matches(run_region(backend, SCOPE, region, x), run_region(reference, TVM_SCOPE, func, x))
+    _assert_matches(
+        run_region(backend, SCOPE, region, x), run_region(reference, TVM_SCOPE, func, x)
+    )
 
 
-def test_kernel_binds_in_place_rebinds_and_validates(backend: OpenVinoBackend,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    kernel = backend.build_region(one_op([((4,), "float32"), ((4,), "float32")], O.multiply),
-                                  SCOPE, 1)
+def test_kernel_binds_in_place_rebinds_and_validates(
+    backend: OpenVinoBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernel = backend.build_region(
+        one_op([((4,), "float32"), ((4,), "float32")], O.multiply), SCOPE, 1
+    )
     assert isinstance(kernel, OvRegionKernel)
     binds: list[tuple] = []
     bind = kernel._bind
     monkeypatch.setattr(kernel, "_bind", lambda args, key: binds.append(key) or bind(args, key))
-    sets = [[tvm.runtime.tensor(np.full(4, v, "float32")) for v in (k + 2.0, 3.0, 0.0)]
-            for k in range(2)]
+    sets = [
+        [tvm.runtime.tensor(np.full(4, v, "float32")) for v in (k + 2.0, 3.0, 0.0)]
+        for k in range(2)
+    ]
     for _ in range(3):  # later rounds hit the cached bindings
         for k, (x, y, out) in enumerate(sets):
             x.copyfrom(np.full(4, k + 2.0, "float32"))
@@ -331,8 +399,9 @@ def test_kernel_binds_in_place_rebinds_and_validates(backend: OpenVinoBackend,
         kernel(*fresh[:2], tvm.runtime.tensor(np.zeros(4, "int32")))
 
 
-def test_kernel_falls_back_to_copying(backend: OpenVinoBackend,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernel_falls_back_to_copying(
+    backend: OpenVinoBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
     func = one_op([((2, 3), "float32"), ((3,), "float32")], O.subtract)
     kernel = backend.build_region(func, SCOPE, 1)
 
@@ -341,7 +410,11 @@ def test_kernel_falls_back_to_copying(backend: OpenVinoBackend,
 
     monkeypatch.setattr(kernel, "bind_zero_copy", refuse)
     a, b = _randn(2, 3), _randn(3)
-    args = [tvm.runtime.tensor(a), tvm.runtime.tensor(b), tvm.runtime.tensor(np.zeros((2, 3), "f4"))]
+    args = [
+        tvm.runtime.tensor(a),
+        tvm.runtime.tensor(b),
+        tvm.runtime.tensor(np.zeros((2, 3), "f4")),
+    ]
     for _ in range(2):
         kernel(*args)
         np.testing.assert_array_equal(args[2].numpy(), a - b)
@@ -352,8 +425,13 @@ def test_region_measures_in_the_worker() -> None:
     from tests.conftest import load_model
 
     model = load_model("resnet50-small")
-    req = region_request(model.mod, model.graph, tuple(range(6)), CONFIG.scope_for("openvino"),
-                         {"warmup": 1, "warmup_ms": 1.0, "repeat": 2, "min_repeat_ms": 1.0})
+    req = region_request(
+        model.mod,
+        model.graph,
+        tuple(range(6)),
+        CONFIG.scope_for("openvino"),
+        {"warmup": 1, "warmup_ms": 1.0, "repeat": 2, "min_repeat_ms": 1.0},
+    )
     reply = handle(req)
     assert reply.measurement.error is None, reply.trace
     assert 0 < reply.measurement.median_s < 1
@@ -390,7 +468,10 @@ def test_mixed_plan_with_all_four_backends(request: pytest.FixtureRequest, name:
         regions.append(Region(nodes, CONFIG.scope_for(backend)))
     plan = Plan(model.name, model.graph.fingerprint, CONFIG, tuple(regions))
     built = build_plan(plan, model.mod, model.graph)
-    codegens = {f.attrs["Codegen"] for _, f in built.module.functions.items()
-                if f.attrs is not None and "Codegen" in f.attrs}
+    codegens = {
+        f.attrs["Codegen"]
+        for _, f in built.module.functions.items()
+        if f.attrs is not None and "Codegen" in f.attrs
+    }
     assert codegens == {"partune_torch", "partune_onnxruntime", "partune_openvino"}
     assert max_abs_error(built(model.inputs), model.reference) < TOL * _scale(model)

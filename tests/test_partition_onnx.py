@@ -33,8 +33,10 @@ CONFIG = CompilationConfig.for_cpu(ORDER)
 def rotating_plan(model, size: int = 3) -> Plan:
     """Regions of ``size`` consecutive nodes, backends taken in turn."""
     n = len(model.graph)
-    regions = tuple(Region(tuple(range(s, min(s + size, n))), CONFIG.scope_for(ORDER[i % len(ORDER)]))
-                    for i, s in enumerate(range(0, n, size)))
+    regions = tuple(
+        Region(tuple(range(s, min(s + size, n))), CONFIG.scope_for(ORDER[i % len(ORDER)]))
+        for i, s in enumerate(range(0, n, size))
+    )
     return Plan(model.name, model.graph.fingerprint, CONFIG, regions)
 
 
@@ -49,12 +51,18 @@ def check_read_back(model, plan: Plan, tmp_path) -> onnx.ModelProto:
         region = plan.regions[int(props[REGION])]
         assert props[BACKEND] == region.backend
         assert json.loads(props[SCOPE]) == region.scope.to_json()
-        assert node.name.startswith(region_prefix(int(props[REGION]), region.backend, len(plan.regions)) + "/")
+        assert node.name.startswith(
+            region_prefix(int(props[REGION]), region.backend, len(plan.regions)) + "/"
+        )
         if BINDING in props:
             assert model.graph.nodes[int(props[BINDING])].op == props[OP]
     back = read_regions(proto)
-    assert {k: v["bindings"] for k, v in back.items()} == {k: set(r.nodes) for k, r in enumerate(plan.regions)}
-    assert {k: v["backend"] for k, v in back.items()} == {k: r.backend for k, r in enumerate(plan.regions)}
+    assert {k: v["bindings"] for k, v in back.items()} == {
+        k: set(r.nodes) for k, r in enumerate(plan.regions)
+    }
+    assert {k: v["backend"] for k, v in back.items()} == {
+        k: r.backend for k, r in enumerate(plan.regions)
+    }
     assert len({n.name for n in proto.graph.node}) == len(proto.graph.node)  # names are unique
     return proto
 
@@ -63,7 +71,9 @@ def test_a_zoo_model_reads_back(tmp_path):
     model = load_model("bert-small")
     proto = check_read_back(model, rotating_plan(model, 9), tmp_path)
     # bindings that make no ONNX node of their own (main's result tuple) still show, as an Identity
-    ops = {(n.op_type, {e.key: e.value for e in n.metadata_props}.get(OP)) for n in proto.graph.node}
+    ops = {
+        (n.op_type, {e.key: e.value for e in n.metadata_props}.get(OP)) for n in proto.graph.node
+    }
     assert ("Identity", "tuple") in ops
     assert any(op == "LayerNormalization" for op, _ in ops)
 
@@ -126,12 +136,20 @@ def test_export_writes_it_beside_the_deploy_files(tmp_path):
 
     model = load(str(write_onnx(tmp_path / "tiny.onnx")))
     scopes = CompilationConfig.for_cpu(["tvm", "onnxruntime"])
-    plan = Plan(model.name, model.graph.fingerprint, scopes,
-                (Region((0, 1, 2), scopes.scope_for("tvm")), Region(tuple(range(3, len(model.graph))),
-                                                                    scopes.scope_for("onnxruntime"))))
+    plan = Plan(
+        model.name,
+        model.graph.fingerprint,
+        scopes,
+        (
+            Region((0, 1, 2), scopes.scope_for("tvm")),
+            Region(tuple(range(3, len(model.graph))), scopes.scope_for("onnxruntime")),
+        ),
+    )
     out = export(model, plan, tmp_path / "deploy")
     proto = onnx.load(str(out / "partition.onnx"))
-    assert {k: v["bindings"] for k, v in read_regions(proto).items()} == {0: {0, 1, 2},
-                                                                          1: set(range(3, len(model.graph)))}
+    assert {k: v["bindings"] for k, v in read_regions(proto).items()} == {
+        0: {0, 1, 2},
+        1: set(range(3, len(model.graph))),
+    }
     manifest = json.loads((out / "manifest.json").read_text())
     assert "partition.onnx" not in manifest["files"]  # a picture: not part of what loads

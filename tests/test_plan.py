@@ -19,9 +19,15 @@ def _plan(model, config, regions):
 
 
 def test_json_round_trip(bert, config, tmp_path):
-    plan = single_backend_plan(bert.name, bert.graph, config, "torch", set(range(0, len(bert.graph), 2)))
-    plan = Plan(plan.model, plan.fingerprint, plan.config,
-                tuple(Region(r.nodes, r.scope, 1e-4 * i) for i, r in enumerate(plan.regions)))
+    plan = single_backend_plan(
+        bert.name, bert.graph, config, "torch", set(range(0, len(bert.graph), 2))
+    )
+    plan = Plan(
+        plan.model,
+        plan.fingerprint,
+        plan.config,
+        tuple(Region(r.nodes, r.scope, 1e-4 * i) for i, r in enumerate(plan.regions)),
+    )
     path = tmp_path / "plan.json"
     plan.save(path)
     again = Plan.load(path)
@@ -44,14 +50,25 @@ def test_contiguous_runs():
     assert contiguous_runs([]) == []
 
 
-@pytest.mark.parametrize("mutate,match", [
-    (lambda p, n: Plan(p.model, "0" * 16, p.config, p.regions), "another model"),
-    (lambda p, n: Plan(p.model, p.fingerprint, p.config, p.regions[:-1]), "uncovered"),
-    (lambda p, n: Plan(p.model, p.fingerprint, p.config, (*p.regions, Region((0,), p.regions[0].scope))),
-     "in two regions"),
-    (lambda p, n: Plan(p.model, p.fingerprint, p.config, (*p.regions, Region((n + 4,), p.regions[0].scope))),
-     "names node"),
-])
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda p, n: Plan(p.model, "0" * 16, p.config, p.regions), "another model"),
+        (lambda p, n: Plan(p.model, p.fingerprint, p.config, p.regions[:-1]), "uncovered"),
+        (
+            lambda p, n: Plan(
+                p.model, p.fingerprint, p.config, (*p.regions, Region((0,), p.regions[0].scope))
+            ),
+            "in two regions",
+        ),
+        (
+            lambda p, n: Plan(
+                p.model, p.fingerprint, p.config, (*p.regions, Region((n + 4,), p.regions[0].scope))
+            ),
+            "names node",
+        ),
+    ],
+)
 def test_bad_plans_are_refused(bert, config, mutate, match):
     plan = single_backend_plan(bert.name, bert.graph, config, "tvm", set())
     with pytest.raises(PlanError, match=match):
@@ -68,13 +85,19 @@ def test_unknown_backend_in_plan(bert, config):
 def test_non_convex_regions_are_refused(bert, config):
     # Node 1 depends on node 0 and something of node 0's region depends on node 1.
     g = bert.graph
-    edge = next((p, n.index) for n in g.nodes for p in n.inputs
-                if any(c > n.index for c in g.consumers[n.index]))
+    edge = next(
+        (p, n.index)
+        for n in g.nodes
+        for p in n.inputs
+        if any(c > n.index for c in g.consumers[n.index])
+    )
     a, b = edge
     later = next(c for c in g.consumers[b] if c > b)
     torch_scope, tvm_scope = config.scope_for("torch"), config.scope_for("tvm")
-    regions = [Region((a, later), torch_scope),
-               *[Region((i,), tvm_scope) for i in range(len(g)) if i not in (a, later)]]
+    regions = [
+        Region((a, later), torch_scope),
+        *[Region((i,), tvm_scope) for i in range(len(g)) if i not in (a, later)],
+    ]
     with pytest.raises(PlanError, match="cycle"):
         region_order(g, tuple(regions))
 

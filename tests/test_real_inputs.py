@@ -37,8 +37,10 @@ class _Model:
     name = "embedding"
     mod = Embedding
     graph = DataflowGraph.from_function(Embedding["main"])
-    inputs = [np.linspace(-4, 12, 256, dtype="float32").reshape(1, 256),
-              np.random.default_rng(0).standard_normal((2, 4)).astype("float32")]
+    inputs = [
+        np.linspace(-4, 12, 256, dtype="float32").reshape(1, 256),
+        np.random.default_rng(0).standard_normal((2, 4)).astype("float32"),
+    ]
     torch_module = None
     onnx_bytes = None
 
@@ -66,8 +68,14 @@ def test_search_over_an_embedding_gather_has_no_failed_candidate(tmp_path):
     store = MeasurementStore(f"sqlite:///{tmp_path / 'm.db'}", "test-device")
     statuses: list[str] = []
     with LocalRunner(timeout_s=120) as runner:
-        result = tune(_Model(), ["tvm", "torch", "onnxruntime"], runner, store, peers=(),
-                      progress=Progress(advance=statuses.append))
+        result = tune(
+            _Model(),
+            ["tvm", "torch", "onnxruntime"],
+            runner,
+            store,
+            peers=(),
+            progress=Progress(advance=statuses.append),
+        )
     assert result.inputs_from == "model"
     assert result.counts.measured > 10 and result.counts.failed == 0
     # The progress bar names each candidate by its backend and ops, not by node indices.
@@ -104,8 +112,11 @@ def test_a_worker_captures_the_values_into_a_file_the_search_reads_back(tmp_path
             runner.captured(TupleGraph, graph, [np.zeros((3, 3), "float32")], ["onnxruntime"], path)
     assert set(got) == set(want) and any(isinstance(v, list) for v in got.values())
     for var, value in want.items():
-        for a, b in zip(value if isinstance(value, list) else [value], got[var] if isinstance(value, list) else [got[var]],
-                        strict=True):
+        for a, b in zip(
+            value if isinstance(value, list) else [value],
+            got[var] if isinstance(value, list) else [got[var]],
+            strict=True,
+        ):
             np.testing.assert_array_equal(a, b)
     assert not list(tmp_path.glob("*.npz"))
 

@@ -22,8 +22,12 @@ from tests.graphs import Diamond
 
 CONFIG = CompilationConfig.for_cpu(["tvm", "onnxruntime"])
 GRAPH = DataflowGraph.from_function(Diamond["main"])  # relu -> (exp, tanh) -> add
-BASE = Plan("diamond", GRAPH.fingerprint, CONFIG, tuple(
-    Region((n,), CONFIG.scope_for("tvm")) for n in range(4)))
+BASE = Plan(
+    "diamond",
+    GRAPH.fingerprint,
+    CONFIG,
+    tuple(Region((n,), CONFIG.scope_for("tvm")) for n in range(4)),
+)
 ROOT = Path(__file__).resolve().parent.parent
 ACCEPTED = {"tvm": {0, 1, 2, 3}, "onnxruntime": {0, 1, 2, 3}}
 
@@ -47,7 +51,9 @@ def test_refinement_starts_from_the_dp_plan_and_never_returns_worse():
     storage = optuna.storages.InMemoryStorage()
     seen: list[Plan] = []
     out = _run(storage, "r", 8, seen)
-    assert [r.nodes for r in seen[0].regions] == [r.nodes for r in BASE.regions]  # the DP plan first
+    assert [r.nodes for r in seen[0].regions] == [
+        r.nodes for r in BASE.regions
+    ]  # the DP plan first
     assert out is not None and out.measurement.cost_s <= _cost(BASE)
     # The seed "all to onnxruntime, merged" is the planted optimum: one region.
     assert len(out.plan.regions) == 1 and out.plan.regions[0].backend == "onnxruntime"
@@ -67,18 +73,35 @@ def test_a_resumed_refinement_measures_nothing_new(storage_url):
 def test_merges_that_would_break_convexity_are_not_made():
     # Regions listed relu, add, exp, tanh: merging relu with add would leave exp and tanh
     # outside a path that goes out of the region and back in.
-    base = Plan("diamond", GRAPH.fingerprint, CONFIG, tuple(
-        Region((n,), CONFIG.scope_for("tvm")) for n in (0, 3, 1, 2)))
+    base = Plan(
+        "diamond",
+        GRAPH.fingerprint,
+        CONFIG,
+        tuple(Region((n,), CONFIG.scope_for("tvm")) for n in (0, 3, 1, 2)),
+    )
     params = {f"r{i}": "onnxruntime" for i in range(4)} | {"merge1": True}
     plan = variant(GRAPH, base, CONFIG, params)
     assert plan is not None and all(r.nodes != (0, 3) for r in plan.regions)
-    merged = variant(GRAPH, BASE, CONFIG, {f"r{i}": "onnxruntime" for i in range(4)} | {"merge1": True})
+    merged = variant(
+        GRAPH, BASE, CONFIG, {f"r{i}": "onnxruntime" for i in range(4)} | {"merge1": True}
+    )
     assert merged is not None and merged.regions[0].nodes == (0, 1)  # neighbours in order do merge
 
 
 def _worker(url: str, log, n: int, slow_at: int = -1) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.refine_worker", url, "shared", str(n), str(log),
-                             str(slow_at)], cwd=ROOT)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.refine_worker",
+            url,
+            "shared",
+            str(n),
+            str(log),
+            str(slow_at),
+        ],
+        cwd=ROOT,
+    )
 
 
 def _trials(url: str) -> list[optuna.trial.FrozenTrial]:
@@ -91,7 +114,9 @@ def test_two_workers_share_one_study_with_no_duplicate_work(tmp_path):
     assert [w.wait(timeout=180) for w in workers] == [0, 0]
     trials = _trials(url)
     done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert 10 <= len(done) <= 11  # the budget, shared (each worker may start one last trial at once)
+    assert (
+        10 <= len(done) <= 11
+    )  # the budget, shared (each worker may start one last trial at once)
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     taken = [ln.split() for ln in log.read_text().splitlines()]
     keys = [k for _, k in taken]
@@ -114,7 +139,11 @@ def test_a_killed_workers_trial_is_failed_and_retried(tmp_path):
     trials = _trials(url)
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     assert trials[killed[0].number].state == TrialState.FAIL
-    retries = [t for t in trials if RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == killed[0].number]
+    retries = [
+        t
+        for t in trials
+        if RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == killed[0].number
+    ]
     assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
     assert retries[0].params == killed[0].params
 
@@ -133,8 +162,14 @@ def test_latency_and_memory_give_a_pareto_front():
     assert points == sorted(points)  # fastest first
     assert out.front[0][1].cost_s == out.measurement.cost_s
     for i, (t, b) in enumerate(points):  # nobody on the front dominates another
-        assert not any(t2 <= t and b2 <= b and (t2, b2) != (t, b) for j, (t2, b2) in enumerate(points) if j != i)
-    assert all(b2 < b for (_, b), (_, b2) in zip(points, points[1:], strict=False))  # slower means leaner
+        assert not any(
+            t2 <= t and b2 <= b and (t2, b2) != (t, b)
+            for j, (t2, b2) in enumerate(points)
+            if j != i
+        )
+    assert all(
+        b2 < b for (_, b), (_, b2) in zip(points, points[1:], strict=False)
+    )  # slower means leaner
 
 
 def test_with_patience_refinement_stops_once_no_variant_is_faster():
@@ -152,8 +187,12 @@ def test_with_patience_refinement_stops_once_no_variant_is_faster():
 
     out = refine(GRAPH, BASE, CONFIG, ACCEPTED, measure, storage, "p", 10_000, patience=PATIENCE)
     assert out is not None and out.converged and len(out.plan.regions) == 1
-    values = [t.values[0] if t.values else float("inf") for t in optuna.load_study(study_name="p", storage=storage)
-              .get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))]
+    values = [
+        t.values[0] if t.values else float("inf")
+        for t in optuna.load_study(study_name="p", storage=storage).get_trials(
+            states=(TrialState.COMPLETE, TrialState.PRUNED)
+        )
+    ]
     best_at = values.index(min(values))
     assert len(values) == best_at + 1 + PATIENCE  # stopped exactly PATIENCE trials after the best
     # Without patience the same study would go on to the trial budget.
@@ -172,7 +211,17 @@ def test_a_deadline_stops_unbounded_refinement():
 
     seen: list[Plan] = []
     start = time.monotonic()
-    out = refine(GRAPH, BASE, CONFIG, ACCEPTED, measure, storage, "d", 10_000,
-                 deadline=start + 1.0, patience=10_000)
+    out = refine(
+        GRAPH,
+        BASE,
+        CONFIG,
+        ACCEPTED,
+        measure,
+        storage,
+        "d",
+        10_000,
+        deadline=start + 1.0,
+        patience=10_000,
+    )
     assert out is not None and not out.converged
     assert time.monotonic() - start < 3.0 and 5 < len(seen) < 60

@@ -36,7 +36,9 @@ def test_one_thread_twins_only_on_many_threads_and_only_for_libraries_that_keep_
     many = CompilationConfig.for_cpu(["tvm", *LIBRARIES], 2, one_thread=names)
     assert {s.choice for s in many.primitives if s.threads} == {"onnxruntime/1t", "openvino/1t"}
     assert many.variants == (("f32", None), ("f32", 1))
-    assert CompilationConfig.for_cpu(["tvm", *LIBRARIES], 1, one_thread=names).variants == (("f32", None),)
+    assert CompilationConfig.for_cpu(["tvm", *LIBRARIES], 1, one_thread=names).variants == (
+        ("f32", None),
+    )
     # The job's own scopes are untouched: same JSON, same keys, as without the twins.
     plain = CompilationConfig.for_cpu(["tvm", *LIBRARIES], 2)
     for b in LIBRARIES:
@@ -44,9 +46,12 @@ def test_one_thread_twins_only_on_many_threads_and_only_for_libraries_that_keep_
         assert "threads" not in many.scope_for(b).to_json()
         assert many.scope_for(b, threads=1).to_json()["threads"] == 1
         graph = _Model.graph
-        assert candidate_key(graph, (0, 1), many.scope_for(b)) == candidate_key(graph, (0, 1), plain.scope_for(b))
+        assert candidate_key(graph, (0, 1), many.scope_for(b)) == candidate_key(
+            graph, (0, 1), plain.scope_for(b)
+        )
         assert candidate_key(graph, (0, 1), many.scope_for(b, threads=1)) != candidate_key(
-            graph, (0, 1), plain.scope_for(b))
+            graph, (0, 1), plain.scope_for(b)
+        )
     one = many.scope_for("openvino", threads=1)
     assert SEScope.from_json(one.to_json()) == one and many.scope_named(one.choice) == one
     assert str(one).endswith("/1t") and scope_name(one) == "openvino 1 thread"
@@ -100,9 +105,16 @@ def test_a_search_on_two_threads_offers_and_deploys_one_thread_plans(tmp_path):
     assert result.end_to_end["onnxruntime-only (1 thread)"].ok
     assert "onnxruntime-only" in result.end_to_end  # the job's own thread count competes too
     # Switched off, no scope runs on fewer threads: no candidate, and no single-library plan, has one.
-    off = SearchSession(_Model(), ["tvm", "onnxruntime"], runner, MeasurementStore(MEMORY, "other"),
-                        TuneOptions(threads=2, peers=(), one_thread_regions=False))
-    assert not any(s.threads for s in off.config.primitives) and not any(c.scope.threads for c in off.cands)
+    off = SearchSession(
+        _Model(),
+        ["tvm", "onnxruntime"],
+        runner,
+        MeasurementStore(MEMORY, "other"),
+        TuneOptions(threads=2, peers=(), one_thread_regions=False),
+    )
+    assert not any(s.threads for s in off.config.primitives) and not any(
+        c.scope.threads for c in off.cands
+    )
     out = export(_Model(), one, tmp_path / "deploy", threads=2)
     manifest = json.loads((out / "manifest.json").read_text())
     assert {r.get("threads") for r in manifest["regions"] if r["backend"] == "onnxruntime"} == {1}

@@ -48,9 +48,16 @@ def tiny_store(model) -> dict[str, Measurement]:
     def key(nodes, scope):
         return candidate_key(g, nodes, scope)
 
-    return {key((0,), ORT): took(10), key((0,), TVM): took(50), key((1, 2), TVM): took(3),
-            key((1,), ORT): took(1), key((2,), ORT): took(1), key((3, 4, 5), ORT): took(4),
-            key((3, 4, 5), TVM): took(40), calibration_keys(TVM)[0]: took(2.8)}
+    return {
+        key((0,), ORT): took(10),
+        key((0,), TVM): took(50),
+        key((1, 2), TVM): took(3),
+        key((1,), ORT): took(1),
+        key((2,), ORT): took(1),
+        key((3, 4, 5), ORT): took(4),
+        key((3, 4, 5), TVM): took(40),
+        calibration_keys(TVM)[0]: took(2.8),
+    }
 
 
 def test_each_region_against_its_best_alternative(tiny):
@@ -58,7 +65,9 @@ def test_each_region_against_its_best_alternative(tiny):
     conv, glue, tail = rows
     assert conv.measured and conv.time_s == pytest.approx(10e-6)
     assert conv.best.backend == "tvm" and conv.best.exact and not conv.beaten
-    assert conv.tuned_estimate_s == pytest.approx(7.52e-6)  # the call, 2.8 us, + 47.2 us / 10: under 10 us
+    assert conv.tuned_estimate_s == pytest.approx(
+        7.52e-6
+    )  # the call, 2.8 us, + 47.2 us / 10: under 10 us
     assert glue.best.backend == "onnxruntime" and not glue.best.exact  # 1 us + 1 us, over two runs
     assert glue.best.time_s == pytest.approx(2e-6) and glue.beaten
     assert glue.tuned_estimate_s is None  # 2.8 us + 0.2 us / 1.4 is not under 0.9 x 3 us
@@ -73,11 +82,15 @@ def test_a_tuned_measurement_is_no_estimate(tiny):
 
 def test_regions_the_store_lacks_fall_back_to_the_plan(tiny):
     rows = region_times(tiny.graph, tiny_plan(tiny), {})
-    assert [r.time_s for r in rows] == [10e-6, 3e-6, 4e-6] and not any(r.measured or r.best for r in rows)
+    assert [r.time_s for r in rows] == [10e-6, 3e-6, 4e-6] and not any(
+        r.measured or r.best for r in rows
+    )
 
 
 def test_advice_follows_the_data(tiny):
-    advice = next_steps(facts(tiny_plan(tiny), region_times(tiny.graph, tiny_plan(tiny), tiny_store(tiny))))
+    advice = next_steps(
+        facts(tiny_plan(tiny), region_times(tiny.graph, tiny_plan(tiny), tiny_store(tiny)))
+    )
     assert len(advice) == 2
     assert advice[0].startswith("Set --tune-budget") and "1 region would" in advice[0]
     assert "about 2.5 us saved of the regions' 17.0 us, timed alone" in advice[0]
@@ -85,25 +98,55 @@ def test_advice_follows_the_data(tiny):
 
 
 def test_advice_on_constructed_facts():
-    assert "raise --tune-budget".capitalize() in next_steps(Facts(regions=5, would_win_tuned=3, tuning_offered=True,
-                                                                  tuned_saving_s=1e-3, regions_s=10e-3))[0]
+    assert (
+        "raise --tune-budget".capitalize()
+        in next_steps(
+            Facts(
+                regions=5,
+                would_win_tuned=3,
+                tuning_offered=True,
+                tuned_saving_s=1e-3,
+                regions_s=10e-3,
+            )
+        )[0]
+    )
     # a saving too small to matter is not worth a tuning budget
-    quiet = next_steps(Facts(regions=5, compared=5, would_win_tuned=3, tuned_saving_s=1e-6, regions_s=10e-3))
+    quiet = next_steps(
+        Facts(regions=5, compared=5, would_win_tuned=3, tuned_saving_s=1e-6, regions_s=10e-3)
+    )
     assert "tune" not in quiet[0] and quiet[0].startswith("Nothing measured points to an easy gain")
     file = next_steps(Facts(regions=1, model_file="onnxruntime", partitioned_slower=1.2))
-    assert file == ["The plan is the model's own file under onnxruntime: no partitioned mix beat it "
-                    "(the best partitioned one was 1.20x slower)."]
+    assert file == [
+        "The plan is the model's own file under onnxruntime: no partitioned mix beat it "
+        "(the best partitioned one was 1.20x slower)."
+    ]
     random = next_steps(Facts(regions=4, random_inputs="no backend could build the whole model"))
     assert "random inputs (no backend could build the whole model)" in random[0]
     slower = next_steps(Facts(regions=4, best_peer="torch.compile", speedup_vs_best_peer=0.5))
     assert slower[0].startswith("torch.compile runs this model 2.00x faster than the plan")
-    fine = next_steps(Facts(regions=4, compared=4, best_peer="onnxruntime", speedup_vs_best_peer=1.25))
-    assert fine == ["Nothing measured points to an easy gain: no other backend ran any region's nodes in "
-                    "under 90% of its time; the plan runs 1.25x as fast as onnxruntime."]
+    fine = next_steps(
+        Facts(regions=4, compared=4, best_peer="onnxruntime", speedup_vs_best_peer=1.25)
+    )
+    assert fine == [
+        "Nothing measured points to an easy gain: no other backend ran any region's nodes in "
+        "under 90% of its time; the plan runs 1.25x as fast as onnxruntime."
+    ]
     blind = next_steps(Facts(regions=4, best_peer="onnxruntime", speedup_vs_best_peer=1.25))
-    assert blind[0].startswith("No region could be held against its alternatives")  # not "nothing to gain"
-    many = next_steps(Facts(regions=9, would_win_tuned=2, tuned_saving_s=1e-3, regions_s=2e-3, beaten=4,
-                            random_inputs="x", best_peer="p", speedup_vs_best_peer=0.9))
+    assert blind[0].startswith(
+        "No region could be held against its alternatives"
+    )  # not "nothing to gain"
+    many = next_steps(
+        Facts(
+            regions=9,
+            would_win_tuned=2,
+            tuned_saving_s=1e-3,
+            regions_s=2e-3,
+            beaten=4,
+            random_inputs="x",
+            best_peer="p",
+            speedup_vs_best_peer=0.9,
+        )
+    )
     assert len(many) == 2  # one or two sentences, never a list of everything
 
 
@@ -115,8 +158,10 @@ def test_random_inputs_are_read_from_the_notes(tiny):
 
 def rotating(model, size: int) -> Plan:
     n = len(model.graph)
-    regions = tuple(Region(tuple(range(s, min(s + size, n))), (TVM, ORT)[i % 2])
-                    for i, s in enumerate(range(0, n, size)))
+    regions = tuple(
+        Region(tuple(range(s, min(s + size, n))), (TVM, ORT)[i % 2])
+        for i, s in enumerate(range(0, n, size))
+    )
     return Plan(model.name, model.graph.fingerprint, CONFIG, regions)
 
 
@@ -157,8 +202,12 @@ def test_the_report_writes_its_pictures_and_the_onnx(tiny, tmp_path, monkeypatch
     store = MeasurementStore(url, "dev", heartbeat_s=None)
     for key, m in tiny_store(tiny).items():
         store.put(key, m)
-    notes = {"chosen_as": "partune dp", "measured_s": 20e-6, "end_to_end_s": {"partune dp": 20e-6},
-             "verdict_median_s": {"partune dp": 21e-6}}
+    notes = {
+        "chosen_as": "partune dp",
+        "measured_s": 20e-6,
+        "end_to_end_s": {"partune dp": 20e-6},
+        "verdict_median_s": {"partune dp": 21e-6},
+    }
     path = write_report(url, "job", tiny_plan(tiny, notes), tmp_path / "report", tiny)
     out = path.parent
     text = path.read_text()

@@ -57,7 +57,9 @@ def test_tuple_rules():
     assert (0, 1, 2, 3, 4) in got
     assert (0, 1, 2) not in got  # two exits
     assert {p.rule for p in props} >= {"combine[tuple-arg]", "host", "op"}
-    assert all(len(SubGraph.of(DataflowGraph.from_function(TupleGraph["main"]), s).exits) <= 1 for s in got)
+    assert all(
+        len(SubGraph.of(DataflowGraph.from_function(TupleGraph["main"]), s).exits) <= 1 for s in got
+    )
 
 
 def test_arbitrary_style_takes_the_whole_attention_block():
@@ -78,11 +80,15 @@ def test_pattern_and_composite_rules():
 
     from partune.search.candidates import _matcher
 
-    pat = is_op("relax.nn.softmax")(is_op("relax.multiply")(is_op("relax.matmul")(wildcard(), wildcard()), wildcard()))
+    pat = is_op("relax.nn.softmax")(
+        is_op("relax.multiply")(is_op("relax.matmul")(wildcard(), wildcard()), wildcard())
+    )
     ctx = _ctx(Attention, match=_matcher(Attention["main"]))
     assert _sets(PatternRule(pat).propose(ctx)) == {(1, 2, 3)}
     props = rule_for_style("none", [("mm_scale_softmax", pat)]).propose(ctx)
-    assert {p.rule for p in props if p.subgraph.nodes == (1, 2, 3)} == {"composite:mm_scale_softmax"}
+    assert {p.rule for p in props if p.subgraph.nodes == (1, 2, 3)} == {
+        "composite:mm_scale_softmax"
+    }
 
 
 def test_combinators_union_and_only_valid():
@@ -120,7 +126,6 @@ def test_interval_rule_proposes_whole_blocks():
     assert (0, 1, 2, 3, 4, 5, 6, 7) in chain
 
 
-
 @pytest.mark.parametrize("shared_rows,cuts_between_blocks", [(128, False), (1, True)])
 def test_a_small_value_every_block_reads_does_not_hide_the_blocks(shared_rows, cuts_between_blocks):
     """An attention mask that every layer reads is live across the whole model: counted, it left
@@ -152,14 +157,21 @@ def test_pins_drop_incompatible_candidates(tmp_path):
     from partune.search.candidates import enumerate_candidates
     from tests.model_files import TVMSCRIPT
 
-    hinted = TVMSCRIPT.replace("z = R.nn.relu(y)", "y1 = R.hint_on_device(y, R.device(1, 0))\n            z = R.nn.relu(y1)")
+    hinted = TVMSCRIPT.replace(
+        "z = R.nn.relu(y)",
+        "y1 = R.hint_on_device(y, R.device(1, 0))\n            z = R.nn.relu(y1)",
+    )
     path = tmp_path / "hinted.py"
     path.write_text(hinted)
     model = load(str(path))
     assert model.pins == {0: SEScope(device_type="cpu", virtual_device_id=0)}  # the matmul
     config = CompilationConfig.for_cpu(["torch", "onnxruntime"])
     free = enumerate_candidates(model.mod, model.graph, config, model.pins)
-    assert {c.backend for c in free if 0 in c.subgraph} == {"tvm", "torch", "onnxruntime"}  # cpu fits all
+    assert {c.backend for c in free if 0 in c.subgraph} == {
+        "tvm",
+        "torch",
+        "onnxruntime",
+    }  # cpu fits all
     pinned = enumerate_candidates(model.mod, model.graph, config, {0: SEScope(backend="torch")})
     assert {c.backend for c in pinned if 0 in c.subgraph} == {"torch"}
     assert {c.backend for c in pinned if 0 not in c.subgraph} == {"tvm", "torch", "onnxruntime"}

@@ -38,4 +38,6 @@ def test_config_validation():
     with pytest.raises(ScopeError, match="fully constrained"):
         CompilationConfig(host=s, primitives=(s, SEScope(backend="torch")), default=s)
     with pytest.raises(ScopeError, match="default scope"):
-        CompilationConfig(host=s, primitives=(SEScope("cpu", 0, CPU, "global", "torch"),), default=s)
+        CompilationConfig(
+            host=s, primitives=(SEScope("cpu", 0, CPU, "global", "torch"),), default=s
+        )

@@ -33,12 +33,16 @@ def plain_inputs(s: SubGraph) -> tuple[int, ...]:
 
 def plain_entries(s: SubGraph) -> tuple[int, ...]:
     g = s.graph
-    return tuple(n for n in s.nodes if not g.nodes[n].inputs or any(p not in s for p in g.nodes[n].inputs))
+    return tuple(
+        n for n in s.nodes if not g.nodes[n].inputs or any(p not in s for p in g.nodes[n].inputs)
+    )
 
 
 def plain_exits(s: SubGraph) -> tuple[int, ...]:
     g = s.graph
-    return tuple(n for n in s.nodes if n in set(g.outputs) or any(c not in s for c in g.consumers[n]))
+    return tuple(
+        n for n in s.nodes if n in set(g.outputs) or any(c not in s for c in g.consumers[n])
+    )
 
 
 def plain_depth(s: SubGraph) -> int:
@@ -59,8 +63,11 @@ def plain_is_convex(s: SubGraph) -> bool:
 
 
 def plain_is_valid(s: SubGraph, max_exits=None, max_depth=None) -> bool:
-    return (plain_is_convex(s) and (max_exits is None or len(plain_exits(s)) <= max_exits)
-            and (max_depth is None or plain_depth(s) <= max_depth))
+    return (
+        plain_is_convex(s)
+        and (max_exits is None or len(plain_exits(s)) <= max_exits)
+        and (max_depth is None or plain_depth(s) <= max_depth)
+    )
 
 
 def plain_touches(s: SubGraph, other: SubGraph) -> bool:
@@ -72,8 +79,10 @@ def plain_region_key(graph: DataflowGraph, nodes: tuple[int, ...]) -> str:
     doc = []
     for n in nodes:
         node = graph.nodes[n]
-        ins = [f"i{pos[p]}" if p in pos else f"x{graph.nodes[p].shapes}{graph.nodes[p].dtypes}"
-               for p in node.inputs]
+        ins = [
+            f"i{pos[p]}" if p in pos else f"x{graph.nodes[p].shapes}{graph.nodes[p].dtypes}"
+            for p in node.inputs
+        ]
         exit_ = any(c not in pos for c in graph.consumers[n]) or n in graph.outputs
         doc.append((node.op, node.attrs, node.shapes, node.dtypes, node.args, ins, exit_))
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:KEY_DIGITS]
@@ -133,9 +142,23 @@ def random_dag(n: int, seed: int) -> DataflowGraph:
         inputs = tuple(sorted(rng.sample(range(i), min(k, i))))
         op = rng.choice(ops)
         shape = (rng.choice([1, 4, 8]), 8)
-        nodes.append(Node(i, f"v{i}", op, rng.choice(list(OpKind)), inputs, (shape,), ("float32",),
-                          rng.randint(0, 99), 4 * 8 * shape[0], f"axis={rng.randint(0, 2)}",
-                          tuple("node" for _ in inputs), 4 * 8 * shape[0], rng.choice([0, 64])))
+        nodes.append(
+            Node(
+                i,
+                f"v{i}",
+                op,
+                rng.choice(list(OpKind)),
+                inputs,
+                (shape,),
+                ("float32",),
+                rng.randint(0, 99),
+                4 * 8 * shape[0],
+                f"axis={rng.randint(0, 2)}",
+                tuple("node" for _ in inputs),
+                4 * 8 * shape[0],
+                rng.choice([0, 64]),
+            )
+        )
     outputs = tuple(sorted({n - 1, *rng.sample(range(n), 2)}))
     return DataflowGraph(tuple(nodes), outputs, ("x",))
 
@@ -163,7 +186,9 @@ def layers(count: int, width: int = 8) -> relax.Function:
                 a = bb.emit(op.matmul(p, h))
                 r = bb.emit(op.add(a, h))
                 n1 = bb.emit(op.nn.layer_norm(r, const(width), const(width), axes=[-1]))
-                f = bb.emit(op.nn.gelu(op.add(op.matmul(n1, const(width, 2 * width)), const(2 * width))))
+                f = bb.emit(
+                    op.nn.gelu(op.add(op.matmul(n1, const(width, 2 * width)), const(2 * width)))
+                )
                 o = bb.emit(op.add(op.matmul(f, const(2 * width, width)), n1))
                 h = bb.emit(op.nn.layer_norm(o, const(width), const(width), axes=[-1]))
             out = bb.emit_output(h)
@@ -211,7 +236,9 @@ def test_non_convex_sets_are_found():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_region_keys_are_the_plain_digests(seed):
-    graphs = [DataflowGraph.from_function(m["main"]) for m in (Diamond, Residual, TupleGraph, Attention)]
+    graphs = [
+        DataflowGraph.from_function(m["main"]) for m in (Diamond, Residual, TupleGraph, Attention)
+    ]
     graphs += [DataflowGraph.from_function(layers(3)), random_dag(50, seed)]
     rng = random.Random(seed)
     for g in graphs:
@@ -226,7 +253,7 @@ def test_identical_layers_share_keys():
     g = DataflowGraph.from_function(layers(4))
     one = DataflowGraph.from_function(layers(1))
     per = len(one) - 1  # each layer's nodes, the output alias aside
-    assert [n.op for n in g.nodes[per:2 * per]] == [n.op for n in g.nodes[2 * per:3 * per]]
+    assert [n.op for n in g.nodes[per : 2 * per]] == [n.op for n in g.nodes[2 * per : 3 * per]]
     second = [region_key(g, tuple(range(per + a, per + a + 3))) for a in range(per)]
     third = [region_key(g, tuple(range(2 * per + a, 2 * per + a + 3))) for a in range(per)]
     assert second == third
@@ -249,7 +276,9 @@ def _plain_subgraphs(monkeypatch):
 
 def _proposals(graph, style):
     ok = (lambda n: graph.nodes[n].op != "nn.gelu") if style == "none" else (lambda n: True)
-    return [(p.subgraph.nodes, p.rule) for p in rule_for_style(style).propose(RuleContext(graph, ok))]
+    return [
+        (p.subgraph.nodes, p.rule) for p in rule_for_style(style).propose(RuleContext(graph, ok))
+    ]
 
 
 @pytest.mark.parametrize("style", ["none", "tvm", "arbitrary"])
@@ -282,20 +311,30 @@ def test_dp_equals_the_plain_dp(seed):
     costs = {}
     for c in cands:
         base = by_mask.setdefault(c.subgraph.mask, rng.uniform(1, 10) * len(c.subgraph) ** 0.6)
-        costs[c] = float("inf") if rng.random() < 0.1 else base if rng.random() < 0.5 else rng.uniform(1, 10)
+        costs[c] = (
+            float("inf")
+            if rng.random() < 0.1
+            else base
+            if rng.random() < 0.5
+            else rng.uniform(1, 10)
+        )
     rounded = {c: v if v == float("inf") else float(round(v)) for c, v in costs.items()}
     for cost in (costs.__getitem__, rounded.__getitem__):  # rounded: many more ties
         got, want = cheapest_cover(g, cands, cost), plain_cheapest_cover(g, cands, cost)
         assert got.cost_s == want.cost_s and got.states == want.states
-        assert [(c.subgraph.mask, c.scope, c.rule) for c in got.candidates] == \
-               [(c.subgraph.mask, c.scope, c.rule) for c in want.candidates]
+        assert [(c.subgraph.mask, c.scope, c.rule) for c in got.candidates] == [
+            (c.subgraph.mask, c.scope, c.rule) for c in want.candidates
+        ]
 
 
 def test_candidate_keys_of_repeated_layers_are_shared():
     counts = {}
     for count in (8, 16):
         g, cands = _layer_candidates(count)
-        counts[count] = len(cands), len({candidate_key(g, c.subgraph.nodes, c.scope) for c in cands})
+        counts[count] = (
+            len(cands),
+            len({candidate_key(g, c.subgraph.nodes, c.scope) for c in cands}),
+        )
     # Twice the layers, twice the candidates, and not one key more: past ``IntervalRule.all_below``
     # blocks, the intervals are as many per layer, and each layer's are the same as the next's.
     assert counts[16][0] > 1.9 * counts[8][0]

@@ -41,12 +41,17 @@ def test_a_stored_failure_is_retried_once_when_asked(storage_url):
     retrying = MeasurementStore(storage_url, "dev", retry_failed=True)
     m, took = retrying.obtain("k", take)
     assert took and m.ok and retrying.obtain("k", take) == (m, False)
-    assert MeasurementStore(storage_url, "dev").get("k").ok and len(calls) == 1  # the latest wins, for everyone
+    assert (
+        MeasurementStore(storage_url, "dev").get("k").ok and len(calls) == 1
+    )  # the latest wins, for everyone
 
 
 def test_claims_are_taken_once_released_and_done(storage_url):
     store = MeasurementStore(storage_url, "dev")
-    mine, other = store.claims, SqlClaims(store.storage.engine, ttl_s=600.0, owner="elsewhere:1", namespace="dev")
+    mine, other = (
+        store.claims,
+        SqlClaims(store.storage.engine, ttl_s=600.0, owner="elsewhere:1", namespace="dev"),
+    )
     assert mine.claim("k") and not other.claim("k") and other.holder("k") == mine.owner
     mine.release("k")
     assert mine.holder("k") is None and other.claim("k") and not mine.claim("k")
@@ -57,8 +62,14 @@ def test_claims_are_taken_once_released_and_done(storage_url):
 
 def test_an_expired_claim_is_taken_over(storage_url):
     store = MeasurementStore(storage_url, "dev")
-    gone = SqlClaims(store.storage.engine, ttl_s=-1.0, owner="elsewhere:2", namespace="dev")  # expires at once
-    assert gone.claim("k") and store.claims.claim("k") and store.claims.holder("k") == store.claims.owner
+    gone = SqlClaims(
+        store.storage.engine, ttl_s=-1.0, owner="elsewhere:2", namespace="dev"
+    )  # expires at once
+    assert (
+        gone.claim("k")
+        and store.claims.claim("k")
+        and store.claims.holder("k") == store.claims.owner
+    )
 
 
 def test_an_unreachable_storage_is_one_line(tmp_path):
@@ -98,7 +109,12 @@ def test_status_reads_a_plain_postgresql_url(postgres_url, capsys):
     from partune.cli import main
 
     MeasurementStore(postgres_url, "dev").put("k", OK)
-    assert main(["status", "--storage", postgres_url.replace("postgresql+psycopg2://", "postgresql://")]) == 0
+    assert (
+        main(
+            ["status", "--storage", postgres_url.replace("postgresql+psycopg2://", "postgresql://")]
+        )
+        == 0
+    )
     assert "1 measurements on 1 device(s)" in capsys.readouterr().out
 
 
@@ -108,10 +124,14 @@ def test_a_worker_moves_on_from_a_key_another_holds(storage_url):
     import threading
 
     mine, theirs = MeasurementStore(storage_url, "dev"), MeasurementStore(storage_url, "dev")
-    theirs.claims = SqlClaims(theirs.storage.engine, ttl_s=600.0, owner="elsewhere:3", namespace="dev")
+    theirs.claims = SqlClaims(
+        theirs.storage.engine, ttl_s=600.0, owner="elsewhere:3", namespace="dev"
+    )
     assert theirs.claims.claim("k")
     taken = []
-    assert mine.obtain("k", lambda: taken.append(1) or OK, wait=False) == (None, False) and not taken
+    assert (
+        mine.obtain("k", lambda: taken.append(1) or OK, wait=False) == (None, False) and not taken
+    )
 
     def finish() -> None:
         theirs.put("k", OK)
@@ -144,7 +164,9 @@ def test_a_postgres_outage_is_waited_out_and_nothing_is_lost(postgres_server, po
     restart.start()
     try:
         started = time.monotonic()
-        m, took = store.obtain("during", lambda: Measurement(2e-3, 0, 2e-3, 5, 10))  # claims and stores while down
+        m, took = store.obtain(
+            "during", lambda: Measurement(2e-3, 0, 2e-3, 5, 10)
+        )  # claims and stores while down
         waited = time.monotonic() - started
     finally:
         restart.join()
@@ -175,7 +197,9 @@ def test_a_bad_postgres_password_or_a_truncated_sqlite_file_is_one_line(tmp_path
             started = time.monotonic()
             assert main(["status", "--storage", url]) == 2
             err = capsys.readouterr().err.strip()
-            assert err.count("\n") == 0 and err.startswith("partune: error: cannot open storage"), err
+            assert err.count("\n") == 0 and err.startswith("partune: error: cannot open storage"), (
+                err
+            )
             assert "Traceback" not in err and time.monotonic() - started < 30
             assert "wrong" not in err  # a password is never printed
 
@@ -186,7 +210,9 @@ def test_a_dead_workers_claims_are_swept_when_a_store_opens(storage_url):
     store = MeasurementStore(storage_url, "dev")
     import socket
 
-    dead = SqlClaims(store.storage.engine, owner=f"{socket.gethostname()}:999999999", namespace="dev")
+    dead = SqlClaims(
+        store.storage.engine, owner=f"{socket.gethostname()}:999999999", namespace="dev"
+    )
     elsewhere = SqlClaims(store.storage.engine, owner="another-host:1", namespace="dev")
     assert dead.claim("left-by-the-dead") and elsewhere.claim("held-elsewhere")
     MeasurementStore(storage_url, "dev")  # a new worker opens the store

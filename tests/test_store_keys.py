@@ -20,9 +20,12 @@ def _keys(mod) -> tuple[list[str], list[str]]:
     graph = DataflowGraph.from_function(mod["main"])
     config = CompilationConfig.for_cpu(BACKENDS, threads=1)
     cands = enumerate_candidates(mod, graph, config)
-    plans = [single_backend_plan("pinned", graph, config, b, set(range(len(graph))))
-             for b in BACKENDS]
-    return sorted(candidate_key(graph, c.subgraph.nodes, c.scope) for c in cands), [plan_key(p) for p in plans]
+    plans = [
+        single_backend_plan("pinned", graph, config, b, set(range(len(graph)))) for b in BACKENDS
+    ]
+    return sorted(candidate_key(graph, c.subgraph.nodes, c.scope) for c in cands), [
+        plan_key(p) for p in plans
+    ]
 
 
 def _digest(keys: list[str]) -> str:
@@ -38,10 +41,24 @@ def test_candidate_and_plan_keys_are_pinned():
 
 
 PINNED = {
-    "residual": (39, "9cbcb6dcfa8448274af0aaf0f0c80853d1646d43ffed9d7e3eadb9e88676dce9",
-                 ["plan:ecced7d0632f231a91b40144", "plan:6ce4b434d021767f67a30ce1",
-                  "plan:9b514e2323c5f280e11a433a", "plan:26b5510a35cc39e8c8280394"]),
-    "attention": (51, "21963e8bede5cf863c908eaef957aecfd8b47f02fc78dbcd25eca6a36cc3ea81",
-                  ["plan:08581d0f4aaef15042eba9d6", "plan:900e66f351140d2710e153a4",
-                   "plan:d96d880ec5fca739cace0cf6", "plan:27efa89886ab71c52303e564"]),
+    "residual": (
+        39,
+        "9cbcb6dcfa8448274af0aaf0f0c80853d1646d43ffed9d7e3eadb9e88676dce9",
+        [
+            "plan:ecced7d0632f231a91b40144",
+            "plan:6ce4b434d021767f67a30ce1",
+            "plan:9b514e2323c5f280e11a433a",
+            "plan:26b5510a35cc39e8c8280394",
+        ],
+    ),
+    "attention": (
+        51,
+        "21963e8bede5cf863c908eaef957aecfd8b47f02fc78dbcd25eca6a36cc3ea81",
+        [
+            "plan:08581d0f4aaef15042eba9d6",
+            "plan:900e66f351140d2710e153a4",
+            "plan:d96d880ec5fca739cace0cf6",
+            "plan:27efa89886ab71c52303e564",
+        ],
+    ),
 }

@@ -31,35 +31,77 @@ def failed(i: int) -> Measurement:
     return Measurement.failed(f"boom {i}")
 
 
-def bulk_store(url: str, device: str, items: list[tuple[str, Measurement]], first: int | None = None) -> None:
+def bulk_store(
+    url: str, device: str, items: list[tuple[str, Measurement]], first: int | None = None
+) -> None:
     """Store ``items`` (key, measurement) in one transaction, rows as ``put`` writes them
     (trial ids from ``first``, else after the highest)."""
     engine = MeasurementStore(url, device).storage.engine
     meta = sa.MetaData()
-    trials, values, attrs = (sa.Table(name, meta, autoload_with=engine)
-                             for name in ("trials", "trial_values", "trial_user_attributes"))
+    trials, values, attrs = (
+        sa.Table(name, meta, autoload_with=engine)
+        for name in ("trials", "trial_values", "trial_user_attributes")
+    )
     when = datetime.now(UTC).replace(tzinfo=None)
     with engine.begin() as c:
-        study = c.execute(sa.text("SELECT study_id FROM studies WHERE study_name = :n"),
-                          {"n": STUDY_PREFIX + device}).scalar_one()
+        study = c.execute(
+            sa.text("SELECT study_id FROM studies WHERE study_name = :n"),
+            {"n": STUDY_PREFIX + device},
+        ).scalar_one()
         if first is None:
-            first = c.execute(sa.text("SELECT coalesce(max(trial_id), 0) FROM trials")).scalar_one() + 1
-        number = c.execute(sa.text("SELECT count(*) FROM trials WHERE study_id = :s"), {"s": study}).scalar_one()
+            first = (
+                c.execute(sa.text("SELECT coalesce(max(trial_id), 0) FROM trials")).scalar_one() + 1
+            )
+        number = c.execute(
+            sa.text("SELECT count(*) FROM trials WHERE study_id = :s"), {"s": study}
+        ).scalar_one()
         rows = [(first + j, number + j, key, m) for j, (key, m) in enumerate(items)]
-        c.execute(trials.insert(), [{"trial_id": t, "number": n, "study_id": study, "state": "COMPLETE" if m.ok else "FAIL",
-                                     "datetime_start": when, "datetime_complete": when} for t, n, _, m in rows])
-        if done := [{"trial_id": t, "objective": 0, "value": m.cost_s, "value_type": "FINITE"}
-                    for t, _, _, m in rows if m.ok]:
+        c.execute(
+            trials.insert(),
+            [
+                {
+                    "trial_id": t,
+                    "number": n,
+                    "study_id": study,
+                    "state": "COMPLETE" if m.ok else "FAIL",
+                    "datetime_start": when,
+                    "datetime_complete": when,
+                }
+                for t, n, _, m in rows
+            ],
+        )
+        if done := [
+            {"trial_id": t, "objective": 0, "value": m.cost_s, "value_type": "FINITE"}
+            for t, _, _, m in rows
+            if m.ok
+        ]:
             c.execute(values.insert(), done)
-        c.execute(attrs.insert(), [{"trial_id": t, "key": name, "value_json": json.dumps(value)}
-                                   for t, _, key, m in rows
-                                   for name, value in (("key", key), ("m", m.to_json()), ("label", "bulk"),
-                                                       ("pid", 1), ("worker", "elsewhere:1"))])
+        c.execute(
+            attrs.insert(),
+            [
+                {"trial_id": t, "key": name, "value_json": json.dumps(value)}
+                for t, _, key, m in rows
+                for name, value in (
+                    ("key", key),
+                    ("m", m.to_json()),
+                    ("label", "bulk"),
+                    ("pid", 1),
+                    ("worker", "elsewhere:1"),
+                )
+            ],
+        )
         if engine.dialect.name == "postgresql":  # ids given by hand: move the sequences past them
-            for table, pk in (("trials", "trial_id"), ("trial_values", "trial_value_id"),
-                              ("trial_user_attributes", "trial_user_attribute_id")):
-                c.execute(sa.text(f"SELECT setval(pg_get_serial_sequence('{table}', '{pk}'), "
-                                  f"(SELECT max({pk}) FROM {table}))"))
+            for table, pk in (
+                ("trials", "trial_id"),
+                ("trial_values", "trial_value_id"),
+                ("trial_user_attributes", "trial_user_attribute_id"),
+            ):
+                c.execute(
+                    sa.text(
+                        f"SELECT setval(pg_get_serial_sequence('{table}', '{pk}'), "
+                        f"(SELECT max({pk}) FROM {table}))"
+                    )
+                )
     engine.dispose()
 
 
@@ -75,6 +117,7 @@ def big(storage_url):
 @pytest.fixture
 def no_full_reads(monkeypatch):
     """Reading every trial of a study through Optuna fails the test."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("read every trial of the device")
 
@@ -136,7 +179,9 @@ def test_the_cache_is_bounded_and_forgets_nothing(big, no_full_reads, monkeypatc
     assert store.get("k1") == ok(1) and store.get("gone") == ok(2)  # asked again: found
 
 
-def test_a_key_stored_out_of_the_polls_sight_is_found_when_its_claim_is_done(big, no_full_reads, monkeypatch):
+def test_a_key_stored_out_of_the_polls_sight_is_found_when_its_claim_is_done(
+    big, no_full_reads, monkeypatch
+):
     """A measurement committed late, below the ids a poll reads again: the worker waiting
     on its claim asks the database for that key, not for the whole device."""
     monkeypatch.setattr(MeasurementStore, "RECHECK", 0)
@@ -167,16 +212,23 @@ def test_a_lookup_goes_through_the_key_index(big):
     statistics, is made to; PostgreSQL is asked to plan it without table scans)."""
     store = MeasurementStore(big, "dev")
     seen = []
-    sa.event.listen(store.storage.engine, "before_cursor_execute",
-                    lambda conn, cursor, statement, parameters, context, many: seen.append((statement, parameters)))
+    sa.event.listen(
+        store.storage.engine,
+        "before_cursor_execute",
+        lambda conn, cursor, statement, parameters, context, many: seen.append(
+            (statement, parameters)
+        ),
+    )
     assert store.get("k77") == ok(77)
-    (statement, parameters), = [s for s in seen if "trial_user_attributes" in s[0]]
+    ((statement, parameters),) = [s for s in seen if "trial_user_attributes" in s[0]]
     with store.storage.engine.connect() as c:
         if c.dialect.name == "postgresql":
             c.exec_driver_sql("SET enable_seqscan = off")
             plan = " ".join(r[0] for r in c.exec_driver_sql("EXPLAIN " + statement, parameters))
         else:
-            plan = " ".join(r[-1] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters))
+            plan = " ".join(
+                r[-1] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)
+            )
     assert KEY_INDEX in plan, plan
     assert "Seq Scan" not in plan and "SCAN" not in plan, plan  # no table read whole
 
@@ -197,9 +249,12 @@ def test_a_measurement_put_by_the_store_reads_back_through_optuna_as_optunas_own
     for t in (mine, optunas):
         assert t.state == optuna.trial.TrialState.COMPLETE and t.value == ok(1).cost_s
         assert t.datetime_start == t.datetime_complete and t.datetime_start is not None
-    assert abs((mine.datetime_start - optunas.datetime_start).total_seconds()) < 60  # both local time
-    assert {k: v for k, v in mine.user_attrs.items() if k != "key"} == \
-        {k: v for k, v in optunas.user_attrs.items() if k != "key"}
+    assert (
+        abs((mine.datetime_start - optunas.datetime_start).total_seconds()) < 60
+    )  # both local time
+    assert {k: v for k, v in mine.user_attrs.items() if k != "key"} == {
+        k: v for k, v in optunas.user_attrs.items() if k != "key"
+    }
     assert failure.state == optuna.trial.TrialState.FAIL and failure.value is None
     assert failure.user_attrs["m"] == failed(3).to_json()
     assert MeasurementStore(storage_url, "dev").get("c") == failed(3)
@@ -212,9 +267,13 @@ def test_a_role_that_may_not_add_the_index_still_opens_the_store_postgres(postgr
     engine = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
     with engine.connect() as c:
         c.exec_driver_sql(f"DROP INDEX {KEY_INDEX}")
-        c.exec_driver_sql("DO $$ BEGIN CREATE ROLE partune_worker LOGIN; "
-                          "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
-        c.exec_driver_sql("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO partune_worker")
+        c.exec_driver_sql(
+            "DO $$ BEGIN CREATE ROLE partune_worker LOGIN; "
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
+        c.exec_driver_sql(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO partune_worker"
+        )
         c.exec_driver_sql("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO partune_worker")
     engine.dispose()
     worker_url = postgres_url.replace("://postgres@", "://partune_worker@")

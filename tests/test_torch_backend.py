@@ -47,7 +47,9 @@ def run_tvm(func: relax.Function, *inputs: np.ndarray) -> list[np.ndarray]:
     return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
 
 
-def function(params: list[tuple[tuple[int, ...], str]], body: Callable[..., relax.Expr]) -> relax.Function:
+def function(
+    params: list[tuple[tuple[int, ...], str]], body: Callable[..., relax.Expr]
+) -> relax.Function:
     """A one-block Relax function over fresh parameters; ``body`` may emit bindings itself."""
     bb = relax.BlockBuilder()
     xs = [relax.Var(f"x{i}", relax.TensorType(s, d)) for i, (s, d) in enumerate(params)]
@@ -59,7 +61,9 @@ def function(params: list[tuple[tuple[int, ...], str]], body: Callable[..., rela
     return bb.get()["main"]
 
 
-def op_function(params: list[tuple[tuple[int, ...], str]], make: Callable[..., relax.Expr]) -> relax.Function:
+def op_function(
+    params: list[tuple[tuple[int, ...], str]], make: Callable[..., relax.Expr]
+) -> relax.Function:
     return function(params, lambda bb, *xs: make(*xs))
 
 
@@ -121,25 +125,70 @@ OP_CASES: list[tuple[str, ParamList, Callable[..., relax.Expr]]] = [
     ("floor_divide_int", [((8,), "int32"), ((8,), "int32")], O.floor_divide),
     ("floor_mod_int", [((8,), "int32"), ((8,), "int32")], O.floor_mod),
     ("power", [((2, 3), "float32")], lambda x: O.power(x, const(3.0))),
-    ("strided_slice_clamps", [((4, 6, 5), "float32")], lambda x: O.strided_slice(x, [1], [-3], [100], [2])),
-    ("strided_slice_two_axes", [((4, 6, 5), "float32")], lambda x: O.strided_slice(x, [0, 2], [1, -4], [3, -1])),
-    ("take_axis1_int32", [((5, 3), "float32"), ((2, 2), "int32")], lambda x, i: O.take(x, i, axis=1)),
+    (
+        "strided_slice_clamps",
+        [((4, 6, 5), "float32")],
+        lambda x: O.strided_slice(x, [1], [-3], [100], [2]),
+    ),
+    (
+        "strided_slice_two_axes",
+        [((4, 6, 5), "float32")],
+        lambda x: O.strided_slice(x, [0, 2], [1, -4], [3, -1]),
+    ),
+    (
+        "take_axis1_int32",
+        [((5, 3), "float32"), ((2, 2), "int32")],
+        lambda x, i: O.take(x, i, axis=1),
+    ),
     ("split_sections_uneven", [((2, 7), "float32")], lambda x: O.split(x, 3, axis=1)),
     ("split_indices", [((2, 9), "float32")], lambda x: O.split(x, [2, 5], axis=-1)),
-    ("max_pool_ceil", [((1, 2, 8, 8), "float32")], lambda x: O.nn.max_pool2d(x, 3, 2, 1, ceil_mode=True)),
-    ("avg_pool_ceil_incl", [((1, 2, 7, 7), "float32")],
-     lambda x: O.nn.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=True)),
+    (
+        "max_pool_ceil",
+        [((1, 2, 8, 8), "float32")],
+        lambda x: O.nn.max_pool2d(x, 3, 2, 1, ceil_mode=True),
+    ),
+    (
+        "avg_pool_ceil_incl",
+        [((1, 2, 7, 7), "float32")],
+        lambda x: O.nn.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=True),
+    ),
     ("avg_pool_excl", [((1, 2, 7, 7), "float32")], lambda x: O.nn.avg_pool2d(x, 3, 2, 1)),
-    ("adaptive_avg_pool_uneven", [((1, 2, 5, 7), "float32")], lambda x: O.nn.adaptive_avg_pool2d(x, (3, 4))),
-    ("conv_asymmetric_pad", [((1, 3, 7, 7), "float32")],
-     lambda x: O.nn.conv2d(x, const(RNG.random((4, 3, 3, 3))), strides=2, padding=(0, 1, 1, 2))),
-    ("conv_depthwise_dilated", [((1, 4, 9, 9), "float32")],
-     lambda x: O.nn.conv2d(x, const(RNG.random((4, 1, 3, 3))), padding=2, dilation=2, groups=4)),
-    ("batch_norm_tuple", [((2, 3, 4, 4), "float32")],
-     lambda x: O.nn.batch_norm(x, const(RNG.random(3) + 0.5), const(RNG.random(3)), const(RNG.random(3)),
-                               const(RNG.random(3) + 0.5), axis=1, center=False, training=False)),
-    ("layer_norm_two_axes", [((2, 3, 4), "float32")],
-     lambda x: O.nn.layer_norm(x, const(RNG.random((3, 4))), const(RNG.random((3, 4))), [-2, -1])),
+    (
+        "adaptive_avg_pool_uneven",
+        [((1, 2, 5, 7), "float32")],
+        lambda x: O.nn.adaptive_avg_pool2d(x, (3, 4)),
+    ),
+    (
+        "conv_asymmetric_pad",
+        [((1, 3, 7, 7), "float32")],
+        lambda x: O.nn.conv2d(x, const(RNG.random((4, 3, 3, 3))), strides=2, padding=(0, 1, 1, 2)),
+    ),
+    (
+        "conv_depthwise_dilated",
+        [((1, 4, 9, 9), "float32")],
+        lambda x: O.nn.conv2d(x, const(RNG.random((4, 1, 3, 3))), padding=2, dilation=2, groups=4),
+    ),
+    (
+        "batch_norm_tuple",
+        [((2, 3, 4, 4), "float32")],
+        lambda x: O.nn.batch_norm(
+            x,
+            const(RNG.random(3) + 0.5),
+            const(RNG.random(3)),
+            const(RNG.random(3)),
+            const(RNG.random(3) + 0.5),
+            axis=1,
+            center=False,
+            training=False,
+        ),
+    ),
+    (
+        "layer_norm_two_axes",
+        [((2, 3, 4), "float32")],
+        lambda x: O.nn.layer_norm(
+            x, const(RNG.random((3, 4))), const(RNG.random((3, 4))), [-2, -1]
+        ),
+    ),
     ("cumsum_exclusive", [((2, 6), "int32")], lambda x: O.cumsum(x, axis=1, exclusive=True)),
     ("cumsum_bool_to_int64", [((2, 6), "bool")], lambda x: O.cumsum(x, axis=-1, dtype="int64")),
     ("sum_int8_keeps_dtype", [((2, 60), "int8")], lambda x: O.sum(x, axis=[1])),
@@ -149,30 +198,89 @@ OP_CASES: list[tuple[str, ParamList, Callable[..., relax.Expr]]] = [
     ("clip_int", [((2, 6), "int32")], lambda x: O.clip(x, -2, 3)),
     ("astype_to_bool", [((2, 6), "float32")], lambda x: O.astype(x, "bool")),
     ("where_broadcast", [((2, 1), "bool"), ((1, 6), "float32"), ((2, 6), "float32")], O.where),
-    ("index_tensor", [((5, 4, 3), "float32")],
-     lambda x: O.index_tensor(x, relax.Tuple([const([[0, 1, 4], [2, 3, 0]], "int64"), const([[0, 3, 1]], "int64")]))),
-    ("matmul_out_dtype", [((3, 4), "float16"), ((4, 5), "float16")], lambda a, b: O.matmul(a, b, out_dtype="float32")),
+    (
+        "index_tensor",
+        [((5, 4, 3), "float32")],
+        lambda x: O.index_tensor(
+            x, relax.Tuple([const([[0, 1, 4], [2, 3, 0]], "int64"), const([[0, 3, 1]], "int64")])
+        ),
+    ),
+    (
+        "matmul_out_dtype",
+        [((3, 4), "float16"), ((4, 5), "float16")],
+        lambda a, b: O.matmul(a, b, out_dtype="float32"),
+    ),
     ("matmul_vector", [((4,), "float32"), ((2, 4, 5), "float32")], O.matmul),
     ("arange_float", [((1,), "float32")], lambda x: O.arange(0.0, 1.0, 0.3, dtype="float32")),
     ("full_casts", [((1,), "float32")], lambda x: O.full((2, 3), const(2.7), dtype="int32")),
-    ("expand_dims_squeeze", [((2, 1, 3), "float32")], lambda x: O.expand_dims(O.squeeze(x, [1]), [-1, 0])),
-    ("concat", [((2, 3), "float32"), ((2, 1), "float32")], lambda a, b: O.concat(relax.Tuple([a, b]), axis=-1)),
-    ("unary_float_chain", [((3, 5), "float32")], lambda x: O.abs(O.negative(O.log(O.nn.gelu(O.nn.silu(O.rsqrt(
-        O.sqrt(O.exp(O.erf(O.tanh(O.sigmoid(O.nn.relu(x))))))))))))),
-    ("compare_and_logic", [((3, 5), "float32"), ((3, 5), "float32")], lambda a, b: O.where(
-        O.logical_xor(O.logical_or(O.less(a, b), O.greater_equal(a, b)), O.logical_and(O.greater(a, b),
-                      O.bitwise_or(O.not_equal(a, b), O.less_equal(a, b)))), O.maximum(a, b), O.minimum(a, b))),
-    ("reductions", [((3, 4, 5), "float32")], lambda x: O.add(O.add(O.max(x, axis=[1]), O.min(x, axis=[1])),
-                                                               O.add(O.sum(x, axis=[1]), O.prod(x, axis=[1])))),
-    ("softmaxes", [((3, 5), "float32")], lambda x: O.add(O.nn.softmax(x, axis=0), O.nn.log_softmax(x))),
-    ("shape_ops", [((2, 1, 3), "float32")], lambda x: O.flatten(O.permute_dims(O.broadcast_to(
-        O.squeeze(x), (4, 2, 3))))),
-    ("creation", [((2, 3), "float32")], lambda x: O.add(O.add(O.zeros((2, 3), "float32"), O.ones_like(x)),
-                                                       O.add(O.zeros_like(x), O.ones((3,), "float32")))),
+    (
+        "expand_dims_squeeze",
+        [((2, 1, 3), "float32")],
+        lambda x: O.expand_dims(O.squeeze(x, [1]), [-1, 0]),
+    ),
+    (
+        "concat",
+        [((2, 3), "float32"), ((2, 1), "float32")],
+        lambda a, b: O.concat(relax.Tuple([a, b]), axis=-1),
+    ),
+    (
+        "unary_float_chain",
+        [((3, 5), "float32")],
+        lambda x: O.abs(
+            O.negative(
+                O.log(
+                    O.nn.gelu(
+                        O.nn.silu(O.rsqrt(O.sqrt(O.exp(O.erf(O.tanh(O.sigmoid(O.nn.relu(x))))))))
+                    )
+                )
+            )
+        ),
+    ),
+    (
+        "compare_and_logic",
+        [((3, 5), "float32"), ((3, 5), "float32")],
+        lambda a, b: O.where(
+            O.logical_xor(
+                O.logical_or(O.less(a, b), O.greater_equal(a, b)),
+                O.logical_and(O.greater(a, b), O.bitwise_or(O.not_equal(a, b), O.less_equal(a, b))),
+            ),
+            O.maximum(a, b),
+            O.minimum(a, b),
+        ),
+    ),
+    (
+        "reductions",
+        [((3, 4, 5), "float32")],
+        lambda x: O.add(
+            O.add(O.max(x, axis=[1]), O.min(x, axis=[1])),
+            O.add(O.sum(x, axis=[1]), O.prod(x, axis=[1])),
+        ),
+    ),
+    (
+        "softmaxes",
+        [((3, 5), "float32")],
+        lambda x: O.add(O.nn.softmax(x, axis=0), O.nn.log_softmax(x)),
+    ),
+    (
+        "shape_ops",
+        [((2, 1, 3), "float32")],
+        lambda x: O.flatten(O.permute_dims(O.broadcast_to(O.squeeze(x), (4, 2, 3)))),
+    ),
+    (
+        "creation",
+        [((2, 3), "float32")],
+        lambda x: O.add(
+            O.add(O.zeros((2, 3), "float32"), O.ones_like(x)),
+            O.add(O.zeros_like(x), O.ones((3,), "float32")),
+        ),
+    ),
 ]
 
 
-SIGNED = [np.array([7, -7, 7, -7, 1, 0, 5, -3], "int32"), np.array([2, 2, -2, -2, 3, 1, 5, 4], "int32")]
+SIGNED = [
+    np.array([7, -7, 7, -7, 1, 0, 5, -3], "int32"),
+    np.array([2, 2, -2, -2, 3, 1, 5, 4], "int32"),
+]
 SPECIAL_INPUTS: dict[str, list[np.ndarray]] = {
     "divide_int_truncates": SIGNED,  # signs matter, zero divisors do not
     "floor_divide_int": SIGNED,
@@ -189,14 +297,19 @@ def test_op_matches_tvm(backend: TorchBackend, case: tuple) -> None:
     inputs = SPECIAL_INPUTS.get(name) or [sample(s, d) for s, d in params]
     for got, ref in zip(run(backend, func, *inputs), run_tvm(func, *inputs), strict=True):
         assert got.dtype == ref.dtype and got.shape == ref.shape
-        np.testing.assert_allclose(got.astype("float64"), ref.astype("float64"), rtol=1e-3, atol=1e-5)
+        np.testing.assert_allclose(
+            got.astype("float64"), ref.astype("float64"), rtol=1e-3, atol=1e-5
+        )
 
 
 def test_take_modes(backend: TorchBackend) -> None:
     """'clip' clamps and 'wrap' wraps out-of-range indices, as TVM does."""
     x, idx = sample((5, 3), "float32"), np.array([[0, 7, -1, 2], [3, -6, 0, 11]])
     for mode in ("clip", "wrap"):
-        func = op_function([((5, 3), "float32"), ((2, 4), "int64")], lambda a, i, m=mode: O.take(a, i, axis=0, mode=m))
+        func = op_function(
+            [((5, 3), "float32"), ((2, 4), "int64")],
+            lambda a, i, m=mode: O.take(a, i, axis=0, mode=m),
+        )
         np.testing.assert_allclose(run(backend, func, x, idx)[0], run_tvm(func, x, idx)[0])
 
 
@@ -217,8 +330,18 @@ def conv_block(bb: relax.BlockBuilder, x: relax.Var, r: relax.Var) -> relax.Var:
     c = bb.emit(O.nn.conv2d(p, const(RNG.standard_normal((4, 3, 3, 3)) * 0.3)))
     b = bb.emit(O.add(const(RNG.standard_normal((1, 4, 1, 1))), c))
     b = bb.emit(O.multiply(b, const(RNG.random((4, 1, 1)) + 0.5)))
-    n = bb.emit(O.nn.batch_norm(b, const(RNG.random(4) + 0.5), const(RNG.random(4)), const(RNG.random(4)),
-                                const(RNG.random(4) + 0.5), axis=1, epsilon=1e-3, training=False))
+    n = bb.emit(
+        O.nn.batch_norm(
+            b,
+            const(RNG.random(4) + 0.5),
+            const(RNG.random(4)),
+            const(RNG.random(4)),
+            const(RNG.random(4) + 0.5),
+            axis=1,
+            epsilon=1e-3,
+            training=False,
+        )
+    )
     y = bb.emit(relax.TupleGetItem(n, 0))
     return bb.emit(O.nn.relu(bb.emit(O.add(y, r))))
 
@@ -252,12 +375,16 @@ def test_conv_chain_is_one_step_and_exact(backend: TorchBackend) -> None:
     func = function([((1, 3, 6, 6), "float32"), ((1, 4, 6, 6), "float32")], conv_block)
     assert backend.build_region(func, SCOPE, 1).num_steps == 1
     x, r = sample((1, 3, 6, 6), "float32"), sample((1, 4, 6, 6), "float32")
-    np.testing.assert_allclose(run(backend, func, x, r)[0], run_tvm(func, x, r)[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        run(backend, func, x, r)[0], run_tvm(func, x, r)[0], rtol=1e-4, atol=1e-5
+    )
 
 
 def test_linear_chain_is_one_step_and_exact(backend: TorchBackend) -> None:
     func = function([((2, 3, 8), "float32")], linear_block)
-    assert backend.build_region(func, SCOPE, 1).num_steps == 2  # the input reshape, then one fused step
+    assert (
+        backend.build_region(func, SCOPE, 1).num_steps == 2
+    )  # the input reshape, then one fused step
     x = sample((2, 3, 8), "float32")
     np.testing.assert_allclose(run(backend, func, x)[0], run_tvm(func, x)[0], rtol=1e-4, atol=1e-5)
 
@@ -273,9 +400,12 @@ def test_safe_softmax_is_one_step_and_zeroes_masked_rows(backend: TorchBackend) 
     assert np.all(got[0, 1] == 0)
 
 
-def test_safe_softmax_whose_mask_is_also_read_stays_unfused_and_exact(backend: TorchBackend) -> None:
+def test_safe_softmax_whose_mask_is_also_read_stays_unfused_and_exact(
+    backend: TorchBackend,
+) -> None:
     """The DPL match needs every value inside to be read only inside: a mask read outside
     (here returned) keeps the nine steps apart."""
+
     def leaking(bb: relax.BlockBuilder, a: relax.Var) -> relax.Expr:
         s = bb.emit(O.nn.softmax(a, axis=-1))
         e = bb.emit(O.equal(a, const(float("-inf"))))
@@ -296,6 +426,7 @@ def test_safe_softmax_whose_mask_is_also_read_stays_unfused_and_exact(backend: T
 
 def test_chain_stops_where_an_intermediate_escapes(backend: TorchBackend) -> None:
     """A conv result that is also returned cannot be absorbed into its bias add."""
+
     def body(bb: relax.BlockBuilder, x: relax.Var) -> relax.Expr:
         c = bb.emit(O.nn.conv2d(x, const(RNG.standard_normal((2, 3, 1, 1)))))
         y = bb.emit(O.nn.relu(bb.emit(O.add(c, const(RNG.standard_normal((1, 2, 1, 1)))))))
@@ -309,6 +440,7 @@ def test_chain_stops_where_an_intermediate_escapes(backend: TorchBackend) -> Non
 
 def test_constants_fold_at_build_time(backend: TorchBackend) -> None:
     """Sub-expressions of constants only (masks, position ids) cost nothing per call."""
+
     def body(bb: relax.BlockBuilder, x: relax.Var) -> relax.Expr:
         pos = bb.emit(O.astype(O.arange(0, 4, 1, dtype="int64"), "float32"))
         return O.add(x, bb.emit(O.multiply(pos, const(2.0))))
@@ -346,7 +478,9 @@ def test_kernel_errors_are_backend_errors(backend: TorchBackend) -> None:
     kernel = backend.build_region(func, SCOPE, 1)
     out = tvm.runtime.tensor(np.zeros((2, 3), "float32"))
     with pytest.raises(BackendError):
-        kernel(tvm.runtime.tensor(sample((5, 3), "float32")), tvm.runtime.tensor(np.array([0, 9])), out)
+        kernel(
+            tvm.runtime.tensor(sample((5, 3), "float32")), tvm.runtime.tensor(np.array([0, 9])), out
+        )
 
 
 def test_threads(backend: TorchBackend) -> None:
@@ -361,19 +495,48 @@ def test_threads(backend: TorchBackend) -> None:
 # --------------------------------------------------------------------------- refusals
 
 REFUSED: list[tuple[str, ParamList, Callable[..., relax.Expr]]] = [
-    ("conv_nhwc", [((1, 7, 7, 3), "float32")],
-     lambda x: O.nn.conv2d(x, const(np.ones((3, 3, 3, 4))), data_layout="NHWC", kernel_layout="HWIO")),
-    ("conv_out_dtype", [((1, 3, 7, 7), "float16")],
-     lambda x: O.nn.conv2d(x, const(np.ones((4, 3, 3, 3)), "float16"), out_dtype="float32")),
-    ("layer_norm_no_center", [((2, 4), "float32")],
-     lambda x: O.nn.layer_norm(x, const(np.ones(4)), const(np.ones(4)), [-1], center=False)),
-    ("layer_norm_middle_axis", [((2, 3, 4), "float32")],
-     lambda x: O.nn.layer_norm(x, const(np.ones(3)), const(np.ones(3)), [1])),
-    ("batch_norm_training", [((2, 3, 4, 4), "float32")],
-     lambda x: O.nn.batch_norm(x, *[const(np.ones(3))] * 4, axis=1, training=True)),
-    ("pad_reflect", [((1, 2, 3, 3), "float32")], lambda x: O.nn.pad(x, (0, 0, 0, 0, 1, 1, 1, 1), pad_mode="reflect")),
-    ("max_pool_asymmetric", [((1, 2, 8, 8), "float32")], lambda x: O.nn.max_pool2d(x, 3, 2, (0, 0, 1, 1))),
-    ("strided_slice_negative_stride", [((4, 6), "float32")], lambda x: O.strided_slice(x, [1], [4], [0], [-1])),
+    (
+        "conv_nhwc",
+        [((1, 7, 7, 3), "float32")],
+        lambda x: O.nn.conv2d(
+            x, const(np.ones((3, 3, 3, 4))), data_layout="NHWC", kernel_layout="HWIO"
+        ),
+    ),
+    (
+        "conv_out_dtype",
+        [((1, 3, 7, 7), "float16")],
+        lambda x: O.nn.conv2d(x, const(np.ones((4, 3, 3, 3)), "float16"), out_dtype="float32"),
+    ),
+    (
+        "layer_norm_no_center",
+        [((2, 4), "float32")],
+        lambda x: O.nn.layer_norm(x, const(np.ones(4)), const(np.ones(4)), [-1], center=False),
+    ),
+    (
+        "layer_norm_middle_axis",
+        [((2, 3, 4), "float32")],
+        lambda x: O.nn.layer_norm(x, const(np.ones(3)), const(np.ones(3)), [1]),
+    ),
+    (
+        "batch_norm_training",
+        [((2, 3, 4, 4), "float32")],
+        lambda x: O.nn.batch_norm(x, *[const(np.ones(3))] * 4, axis=1, training=True),
+    ),
+    (
+        "pad_reflect",
+        [((1, 2, 3, 3), "float32")],
+        lambda x: O.nn.pad(x, (0, 0, 0, 0, 1, 1, 1, 1), pad_mode="reflect"),
+    ),
+    (
+        "max_pool_asymmetric",
+        [((1, 2, 8, 8), "float32")],
+        lambda x: O.nn.max_pool2d(x, 3, 2, (0, 0, 1, 1)),
+    ),
+    (
+        "strided_slice_negative_stride",
+        [((4, 6), "float32")],
+        lambda x: O.strided_slice(x, [1], [4], [0], [-1]),
+    ),
     ("strided_slice_empty", [((4, 6), "float32")], lambda x: O.strided_slice(x, [1], [5], [2])),
     ("uint32", [((3,), "uint32"), ((3,), "uint32")], O.add),
     ("integer_matmul", [((3, 4), "int32"), ((4, 5), "int32")], O.matmul),
@@ -406,7 +569,9 @@ def test_refuses_symbolic_shapes(backend: TorchBackend) -> None:
 
 def test_refuses_match_cast(backend: TorchBackend) -> None:
     x = relax.Var("x", relax.TensorType((2, 4), "float32"))
-    b = relax.MatchCast(relax.Var("y", relax.TensorType((2, 4), "float32")), x, relax.TensorType((2, 4), "float32"))
+    b = relax.MatchCast(
+        relax.Var("y", relax.TensorType((2, 4), "float32")), x, relax.TensorType((2, 4), "float32")
+    )
     assert not backend.accepts(b)
 
 
@@ -427,7 +592,14 @@ def pattern_example(name: str) -> relax.Function:
             return single_op_pattern(bb, "_".join(parts), y)
         for part in parts[1:]:
             if part == "bn":
-                y = bb.emit(relax.TupleGetItem(bb.emit(O.nn.batch_norm(y, *[const(np.ones(3))] * 4, axis=1, training=False)), 0))
+                y = bb.emit(
+                    relax.TupleGetItem(
+                        bb.emit(
+                            O.nn.batch_norm(y, *[const(np.ones(3))] * 4, axis=1, training=False)
+                        ),
+                        0,
+                    )
+                )
             elif part == "bias":  # constant first, as the torch importer emits it
                 y = bb.emit(O.add(const(np.ones((1, 3, 1, 1) if parts[0] == "conv2d" else 3)), y))
             elif part == "clip":
@@ -446,7 +618,11 @@ def pattern_example(name: str) -> relax.Function:
 def single_op_pattern(bb: relax.BlockBuilder, name: str, x: relax.Var) -> relax.Expr:
     ones = const(np.ones(3))
     return {
-        "batch_norm": lambda: bb.emit(relax.TupleGetItem(bb.emit(O.nn.batch_norm(x, ones, ones, ones, ones, axis=1, training=False)), 0)),
+        "batch_norm": lambda: bb.emit(
+            relax.TupleGetItem(
+                bb.emit(O.nn.batch_norm(x, ones, ones, ones, ones, axis=1, training=False)), 0
+            )
+        ),
         "layer_norm": lambda: O.nn.layer_norm(x, ones, ones, [-1]),
         "softmax": lambda: O.nn.softmax(x),
         "max_pool2d": lambda: O.nn.max_pool2d(x, 2),
@@ -484,10 +660,16 @@ def test_patterns_are_unique_and_largest_first() -> None:
 
 def test_patterns_refuse_what_the_backend_refuses() -> None:
     """Layouts and training-mode batch norm are constrained in the patterns themselves."""
-    nhwc = op_function([((1, 7, 7, 3), "float32")], lambda x: O.nn.conv2d(
-        x, const(np.ones((3, 3, 3, 4))), data_layout="NHWC", kernel_layout="HWIO"))
-    train = op_function([((1, 3, 4, 4), "float32")], lambda x: O.nn.batch_norm(
-        x, *[const(np.ones(3))] * 4, axis=1, training=True))
+    nhwc = op_function(
+        [((1, 7, 7, 3), "float32")],
+        lambda x: O.nn.conv2d(
+            x, const(np.ones((3, 3, 3, 4))), data_layout="NHWC", kernel_layout="HWIO"
+        ),
+    )
+    train = op_function(
+        [((1, 3, 4, 4), "float32")],
+        lambda x: O.nn.batch_norm(x, *[const(np.ones(3))] * 4, axis=1, training=True),
+    )
     for func in (nhwc, train):
         assert composites(tvm.IRModule({"main": func}), PATTERNS) == {}
 
@@ -504,11 +686,21 @@ def test_patterns_cut_zoo_models_into_one_step_regions(backend: TorchBackend, zo
                 continue
             seen.add(pattern)
             plain = relax.Function(funcs[0].params, funcs[0].body, funcs[0].ret_ty)
-            inputs = [sample(tuple(int(d) for d in p.ty.shape.values), str(p.ty.dtype)) for p in plain.params]
+            inputs = [
+                sample(tuple(int(d) for d in p.ty.shape.values), str(p.ty.dtype))
+                for p in plain.params
+            ]
             for got, ref in zip(run(backend, plain, *inputs), run_tvm(plain, *inputs), strict=True):
                 np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4, err_msg=pattern)
-    assert {"torch.conv2d_bn_relu", "torch.conv2d_bn_clip", "torch.conv2d_bn", "torch.conv2d_bias",
-            "torch.matmul_bias", "torch.layer_norm", "torch.softmax"} <= seen
+    assert {
+        "torch.conv2d_bn_relu",
+        "torch.conv2d_bn_clip",
+        "torch.conv2d_bn",
+        "torch.conv2d_bias",
+        "torch.matmul_bias",
+        "torch.layer_norm",
+        "torch.softmax",
+    } <= seen
 
 
 def test_every_pattern_region_builds(backend: TorchBackend) -> None:
@@ -517,5 +709,6 @@ def test_every_pattern_region_builds(backend: TorchBackend) -> None:
     for name, _ in PATTERNS:
         func = pattern_example(name)
         assert all(backend.accepts(b) for b in bindings(func)), name
-        np.testing.assert_allclose(run(backend, func, x)[0], run_tvm(func, x)[0], rtol=1e-4, atol=1e-5,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            run(backend, func, x)[0], run_tvm(func, x)[0], rtol=1e-4, atol=1e-5, err_msg=name
+        )

@@ -32,13 +32,18 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def chain_file(tmp_path):
     path = tmp_path / "chain.py"
-    path.write_text("from tvm.script import ir as I\nfrom tvm.script import relax as R\n"
-                    + Chain.script())
+    path.write_text(
+        "from tvm.script import ir as I\nfrom tvm.script import relax as R\n" + Chain.script()
+    )
     return path
 
 
 def _trials(url: str):
-    name = next(s.study_name for s in optuna.get_all_study_summaries(url) if s.study_name.startswith(STUDY_PREFIX))
+    name = next(
+        s.study_name
+        for s in optuna.get_all_study_summaries(url)
+        if s.study_name.startswith(STUDY_PREFIX)
+    )
     return optuna.load_study(study_name=name, storage=url).get_trials()
 
 
@@ -55,16 +60,34 @@ def _count_trials(db: Path) -> int:
 
 
 def _tune_cmd(model: Path, url: str, out: Path) -> list[str]:
-    return [sys.executable, "-m", "partune.cli", "tune", str(model), "--backends", "tvm", "--peers", "none",
-            "--storage", url, "-o", str(out)]
+    return [
+        sys.executable,
+        "-m",
+        "partune.cli",
+        "tune",
+        str(model),
+        "--backends",
+        "tvm",
+        "--peers",
+        "none",
+        "--storage",
+        url,
+        "-o",
+        str(out),
+    ]
 
 
 def test_sigkill_then_resume_remeasures_nothing(tmp_path, chain_file):
     db = tmp_path / "m.db"
     url = f"sqlite:///{db}"
     out = tmp_path / "plan.json"
-    proc = subprocess.Popen(_tune_cmd(chain_file, url, out), cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _tune_cmd(chain_file, url, out),
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while _count_trials(db) < 6 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
@@ -83,11 +106,17 @@ def test_sigkill_then_resume_remeasures_nothing(tmp_path, chain_file):
         line = next(ln for ln in done.stdout.splitlines() if ln.startswith("build pool on core(s)"))
         assert re.search(r": [1-9]\d* region\(s\) built ahead, .*, 0 failed", line), line
 
-    again = subprocess.run(_tune_cmd(chain_file, url, out), cwd=ROOT, capture_output=True, text=True)
+    again = subprocess.run(
+        _tune_cmd(chain_file, url, out), cwd=ROOT, capture_output=True, text=True
+    )
     assert again.returncode == 0
     assert "measurements made 0 (0 failed)" in again.stdout
-    phases = dict(re.findall(r"(?:: |; )([^;]+?) (\d+\.\d) s", next(
-        ln for ln in again.stdout.splitlines() if ln.startswith("time by phase: "))))
+    phases = dict(
+        re.findall(
+            r"(?:: |; )([^;]+?) (\d+\.\d) s",
+            next(ln for ln in again.stdout.splitlines() if ln.startswith("time by phase: ")),
+        )
+    )
     assert "start-up (imports, model, store)" in phases and "measure candidates" in " ".join(phases)
     assert out.read_text() == plan1
 
@@ -105,14 +134,31 @@ def crash_backends():
 def test_crashing_kernel_costs_one_candidate(tmp_path, chain_file, crash_backends, capsys):
     url = f"sqlite:///{tmp_path / 'm.db'}"
     out = tmp_path / "plan.json"
-    assert main(["tune", str(chain_file), "--backends", "tvm,segfault", "--peers", "none", "--storage", url,
-                 "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                str(chain_file),
+                "--backends",
+                "tvm,segfault",
+                "--peers",
+                "none",
+                "--storage",
+                url,
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "partune dp" in text
     failed = [t for t in _trials(url) if t.state == optuna.trial.TrialState.FAIL]
     assert failed and all("SIGSEGV" in t.user_attrs["m"]["error"] for t in failed)
     regions = json.loads(out.read_text())["regions"]
-    assert regions and all(r["scope"]["backend"] != "segfault" for r in regions)  # never the crasher
+    assert regions and all(
+        r["scope"]["backend"] != "segfault" for r in regions
+    )  # never the crasher
 
 
 def test_hanging_kernel_times_out_and_the_runner_recovers(crash_backends):
@@ -146,8 +192,19 @@ def test_unreachable_tracker_is_a_clear_error(capsys, chain_file):
     from tests.fleet import free_port
 
     port = free_port()
-    assert main(["tune", str(chain_file), "--runner", f"rpc://127.0.0.1:{port}/k",
-                 "--storage", "sqlite:///:memory:"]) == 2
+    assert (
+        main(
+            [
+                "tune",
+                str(chain_file),
+                "--runner",
+                f"rpc://127.0.0.1:{port}/k",
+                "--storage",
+                "sqlite:///:memory:",
+            ]
+        )
+        == 2
+    )
     assert "cannot reach RPC tracker" in capsys.readouterr().err
 
 
@@ -173,15 +230,27 @@ def test_finalists_meet_onnxruntime_on_the_users_file(tmp_path, capsys):
     model = write_onnx(tmp_path / "tiny.onnx")
     url = f"sqlite:///{tmp_path / 'm.db'}"
     out = tmp_path / "plan.json"
-    args = ["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "onnxruntime",
-            "--storage", url, "-o", str(out)]
+    args = [
+        "tune",
+        str(model),
+        "--backends",
+        "tvm,onnxruntime",
+        "--peers",
+        "onnxruntime",
+        "--storage",
+        url,
+        "-o",
+        str(out),
+    ]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "(peer) onnxruntime (your .onnx file)" in text
     notes = json.loads(out.read_text())["notes"]
     assert notes["best_peer"] == "onnxruntime (your .onnx file)"
     medians = notes["verdict_median_s"]
-    assert notes["speedup_vs_best_peer"] == pytest.approx(medians[notes["best_peer"]] / medians[notes["chosen_as"]])
+    assert notes["speedup_vs_best_peer"] == pytest.approx(
+        medians[notes["best_peer"]] / medians[notes["chosen_as"]]
+    )
     assert set(notes["verdict_median_s"]) >= {"onnxruntime (your .onnx file)", notes["chosen_as"]}
     assert notes["dp_estimate_s"] > 0 and "DP estimate" in text  # predicted before it was measured
     # A second run takes the verdict from the store too.
@@ -190,7 +259,10 @@ def test_finalists_meet_onnxruntime_on_the_users_file(tmp_path, capsys):
 
 
 def test_unknown_peer_is_a_clear_error(capsys, chain_file):
-    assert main(["tune", str(chain_file), "--peers", "tensorflow", "--storage", "sqlite:///:memory:"]) == 2
+    assert (
+        main(["tune", str(chain_file), "--peers", "tensorflow", "--storage", "sqlite:///:memory:"])
+        == 2
+    )
     assert "unknown peer" in capsys.readouterr().err
 
 
@@ -200,8 +272,25 @@ def test_refinement_runs_in_the_same_storage_and_never_loses_to_the_dp_plan(tmp_
     model = write_onnx(tmp_path / "tiny.onnx")
     url = f"sqlite:///{tmp_path / 'm.db'}"
     out = tmp_path / "plan.json"
-    assert main(["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none",
-                 "--refine-trials", "5", "--storage", url, "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                str(model),
+                "--backends",
+                "tvm,onnxruntime",
+                "--peers",
+                "none",
+                "--refine-trials",
+                "5",
+                "--storage",
+                url,
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     studies = {s.study_name: s for s in optuna.get_all_study_summaries(url)}
     refine = [s for name, s in studies.items() if name.startswith("refine:")]
     assert len(refine) == 1 and refine[0].n_trials == 5
@@ -218,8 +307,29 @@ def test_two_workers_and_the_memory_objective_from_the_command_line(tmp_path, ca
 
     model = write_onnx(tmp_path / "tiny.onnx")
     url, out = storage_url, tmp_path / "plan.json"
-    assert main(["tune", str(model), "--backends", "tvm,onnxruntime", "--peers", "none", "--n-trials", "6",
-                 "--workers", "2", "--objective", "latency+memory", "--storage", url, "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                str(model),
+                "--backends",
+                "tvm,onnxruntime",
+                "--peers",
+                "none",
+                "--n-trials",
+                "6",
+                "--workers",
+                "2",
+                "--objective",
+                "latency+memory",
+                "--storage",
+                url,
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "worker " in text and "Pareto front" in text
     notes = json.loads(out.read_text())["notes"]
@@ -231,7 +341,9 @@ def test_two_workers_and_the_memory_objective_from_the_command_line(tmp_path, ca
     store = next(name for name in studies if name.startswith(STUDY_PREFIX))
     keys = [t.user_attrs["key"] for t in optuna.load_study(study_name=store, storage=url).trials]
     assert len(keys) == len(set(keys))  # two processes, and still nothing measured twice
-    refine = optuna.load_study(study_name=next(n for n in studies if n.startswith("refine:")), storage=url)
+    refine = optuna.load_study(
+        study_name=next(n for n in studies if n.startswith("refine:")), storage=url
+    )
     assert 6 <= len([t for t in refine.trials if t.state.is_finished()]) <= 7
     assert main(["status", "--storage", url]) == 0
     status = capsys.readouterr().out
@@ -251,21 +363,34 @@ def test_a_hopeless_native_plan_is_not_timed(tmp_path, monkeypatch):
 
     model = load(str(write_onnx(tmp_path / "m.onnx")))
     session = SearchSession(model, ["tvm", "onnxruntime"], None, None, TuneOptions())
-    plans = {f"{b}-only": backend_plan(model.name, model.mod, model.graph, session.config, b)
-             for b in ("tvm", "onnxruntime")}
-    bf16 = CompilationConfig.for_cpu(["tvm", "onnxruntime"], bf16=("tvm",))  # TVM's bf16: as hopeless
+    plans = {
+        f"{b}-only": backend_plan(model.name, model.mod, model.graph, session.config, b)
+        for b in ("tvm", "onnxruntime")
+    }
+    bf16 = CompilationConfig.for_cpu(
+        ["tvm", "onnxruntime"], bf16=("tvm",)
+    )  # TVM's bf16: as hopeless
     plans["tvm-only (bf16)"] = backend_plan(model.name, model.mod, model.graph, bf16, "tvm", "bf16")
     session.result.end_to_end["partune dp"] = Measurement(1e-3, 0.0, 1e-3, 5, 1)
-    for estimate_s, timed in [((HOPELESS + 1) * 1e-3, ["onnxruntime-only"]),
-                              ((HOPELESS - 1) * 1e-3, ["tvm-only", "onnxruntime-only", "tvm-only (bf16)"])]:
-        monkeypatch.setattr(session, "dp", lambda allowed, *a, e=estimate_s, **k: (Cover((), e, 0), None))
+    for estimate_s, timed in [
+        ((HOPELESS + 1) * 1e-3, ["onnxruntime-only"]),
+        ((HOPELESS - 1) * 1e-3, ["tvm-only", "onnxruntime-only", "tvm-only (bf16)"]),
+    ]:
+        monkeypatch.setattr(
+            session, "dp", lambda allowed, *a, e=estimate_s, **k: (Cover((), e, 0), None)
+        )
         assert sorted(session.worth_timing(plans)) == sorted(timed)
     skipped = session.result.end_to_end["tvm-only"]
-    assert not skipped.ok and skipped.error.startswith("not measured: its regions add up to 11.0 ms, 11x")
+    assert not skipped.ok and skipped.error.startswith(
+        "not measured: its regions add up to 11.0 ms, 11x"
+    )
     assert session.result.end_to_end["tvm-only (bf16)"] == skipped
     # The same bar for a refinement variant (its measured regions added up): 7 s against 0.32 s
     # was timed at 24 BERT layers.
-    assert session.hopeless((HOPELESS - 1) * 1e-3) is None and not session.hopeless((HOPELESS + 1) * 1e-3).ok
+    assert (
+        session.hopeless((HOPELESS - 1) * 1e-3) is None
+        and not session.hopeless((HOPELESS + 1) * 1e-3).ok
+    )
 
 
 def test_the_verdict_keeps_the_finalists_that_fit_in_free_memory():
@@ -289,11 +414,14 @@ def test_the_verdict_keeps_the_finalists_that_fit_in_free_memory():
     def session(free):
         result = TuneResult()
         result.end_to_end = {k: Measurement(c, 0, c, 1, 1, peak_bytes=gib) for k, c in cost.items()}
-        return SimpleNamespace(runner=SimpleNamespace(available_bytes=lambda: free), result=result,
-                               graph=SimpleNamespace(nodes=[SimpleNamespace(const_bytes=gib // 4)]),
-                               model=SimpleNamespace(torch_module=None),  # an ONNX file: no torch peer
-                               config=SimpleNamespace(precisions=("f32",)),
-                               options=SimpleNamespace(peers=("onnxruntime", "openvino", "torch.compile")))
+        return SimpleNamespace(
+            runner=SimpleNamespace(available_bytes=lambda: free),
+            result=result,
+            graph=SimpleNamespace(nodes=[SimpleNamespace(const_bytes=gib // 4)]),
+            model=SimpleNamespace(torch_module=None),  # an ONNX file: no torch peer
+            config=SimpleNamespace(precisions=("f32",)),
+            options=SimpleNamespace(peers=("onnxruntime", "openvino", "torch.compile")),
+        )
 
     fixed = (MODEL_PER_WEIGHT + 2 * PEER_PER_WEIGHT) * gib / 4
     assert fit_in_memory(session(None), plans) == plans
@@ -301,5 +429,10 @@ def test_the_verdict_keeps_the_finalists_that_fit_in_free_memory():
     assert fit_in_memory(roomy, plans) == plans and not roomy.result.verdict.left_out
     tight = session((fixed + 2 * gib) / MEMORY_SHARE + 1)
     assert list(fit_in_memory(tight, plans)) == ["fast", "middle"]
-    assert tight.result.verdict.left_out.startswith("slow left out") and "GB was free" in tight.result.verdict.left_out
-    assert list(fit_in_memory(session(gib), plans)) == ["fast"]  # the fastest stays, whatever the memory
+    assert (
+        tight.result.verdict.left_out.startswith("slow left out")
+        and "GB was free" in tight.result.verdict.left_out
+    )
+    assert list(fit_in_memory(session(gib), plans)) == [
+        "fast"
+    ]  # the fastest stays, whatever the memory

@@ -146,7 +146,9 @@ def test_tuned_regions_stay_inline_and_main_gets_the_tuned_schedules(tuned, back
     untuned = backend_plan("matmul", mod, graph, config, "tvm")
     assert main_compiler(plan).name == "tvm-tuned" and main_compiler(untuned).name == "tvm"
     built = build_plan(plan, mod, graph)
-    assert not [f for _, f in built.module.functions.items() if f.attrs is not None and "Codegen" in f.attrs]
+    assert not [
+        f for _, f in built.module.functions.items() if f.attrs is not None and "Codegen" in f.attrs
+    ]
     x = np.random.default_rng(2).standard_normal((N, N)).astype("float32")
     np.testing.assert_allclose(built([x])[0], np.maximum(x @ weight(), 0), rtol=1e-4, atol=1e-3)
     slow = build_plan(untuned, mod, graph)
@@ -159,12 +161,25 @@ def test_resumes_after_sigkill(tmp_path):
     module = tmp_path / "region.json"
     module.write_text(tvm.ir.save_json(region_module(matmul_relu())))
     database = tmp_path / "db"
-    cmd = [sys.executable, "-m", "partune.backends.tvm_tuning", "--module", str(module),
-           "--target", json.dumps(target_json(TARGET)), "--database", str(database),
-           "--trials", "16", "--trials-per-iter", "4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "partune.backends.tvm_tuning",
+        "--module",
+        str(module),
+        "--target",
+        json.dumps(target_json(TARGET)),
+        "--database",
+        str(database),
+        "--trials",
+        "16",
+        "--trials-per-iter",
+        "4",
+    ]
     # Its own session: the kill takes MetaSchedule's builder and runner processes too.
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 120
         while _records(database) == 0:
@@ -189,8 +204,7 @@ def test_resumes_after_sigkill(tmp_path):
 
 def test_timeout_keeps_the_batch_in_flight(tmp_path):
     """Past the deadline tuning stops after the batch it is measuring, and keeps it."""
-    report = tune_region(matmul_relu(), TARGET, str(tmp_path), 16, timeout_s=0.1,
-                         trials_per_iter=4)
+    report = tune_region(matmul_relu(), TARGET, str(tmp_path), 16, timeout_s=0.1, trials_per_iter=4)
     (task,) = report.tasks
     assert report.timed_out and task.status == "partial"
     assert task.trials_run == 4 and _records(tmp_path) == 4

@@ -13,7 +13,9 @@ def test_a_verdict_is_keyed_by_its_labels_and_a_done_one_missing_a_label_is_time
     plans = {"partune dp": "plan:1", "openvino-only": "plan:2"}
     key = verdict_key("fp", plans, ["onnxruntime"])
     assert key == verdict_key("fp", dict(reversed(plans.items())), ("onnxruntime",))  # order-free
-    assert key != verdict_key("fp", {"partune dp (f32)": "plan:1", "openvino-only": "plan:2"}, ["onnxruntime"])
+    assert key != verdict_key(
+        "fp", {"partune dp (f32)": "plan:1", "openvino-only": "plan:2"}, ["onnxruntime"]
+    )
     store, labels = MeasurementStore(MEMORY, "test-device"), list(plans)
     assert not _never_stored(store, key, labels)  # nobody timed it: the one who claims it will
     assert store.claims.claim(key)

@@ -22,14 +22,21 @@ class _BoolCumsum(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.cumsum"
-                and call.args[0].ty.dtype == "bool"):
+        if (
+            isinstance(call.op, tvm.ir.Op)
+            and call.op.name == "relax.cumsum"
+            and call.args[0].ty.dtype == "bool"
+        ):
             self.rewrites += 1
             x = relax.op.astype(call.args[0], "int64")
-            return relax.op.cumsum(x, axis=call.attrs.axis, dtype="int64",
-                                   exclusive=call.attrs.exclusive)
+            return relax.op.cumsum(
+                x, axis=call.attrs.axis, dtype="int64", exclusive=call.attrs.exclusive
+            )
         return call
 
 
-CUMSUM_OF_BOOL = ImportPass("CumsumOfBoolAsInt64", "cumsum of bool counts in int64 (as torch; "
-                            "TVM cannot build the bool one)", on_main(_BoolCumsum))
+CUMSUM_OF_BOOL = ImportPass(
+    "CumsumOfBoolAsInt64",
+    "cumsum of bool counts in int64 (as torch; TVM cannot build the bool one)",
+    on_main(_BoolCumsum),
+)

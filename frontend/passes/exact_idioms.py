@@ -26,8 +26,15 @@ from tvm.relax.dpl import is_const, is_op, wildcard
 
 from partune.frontend.passes.import_pass import ImportPass, by_pattern, on_main
 
-_MOVES = frozenset({"relax.expand_dims", "relax.broadcast_to", "relax.reshape", "relax.permute_dims",
-                    "relax.squeeze"})
+_MOVES = frozenset(
+    {
+        "relax.expand_dims",
+        "relax.broadcast_to",
+        "relax.reshape",
+        "relax.permute_dims",
+        "relax.squeeze",
+    }
+)
 
 
 def _op_name(expr: relax.Expr) -> str | None:
@@ -76,8 +83,9 @@ def _compare(call: relax.Call, matched: dict) -> relax.Expr | None:
 
 
 _I, _LOW, _N = wildcard(), is_const(), is_const()
-_NEGATIVE_WRAP = is_op("relax.take")(wildcard(), is_op("relax.where")(
-    is_op("relax.less")(_I, _LOW), is_op("relax.add")(_I, _N), _I))
+_NEGATIVE_WRAP = is_op("relax.take")(
+    wildcard(), is_op("relax.where")(is_op("relax.less")(_I, _LOW), is_op("relax.add")(_I, _N), _I)
+)
 
 
 def _scalar(expr: relax.Expr) -> float | None:
@@ -100,10 +108,18 @@ def _wrap(call: relax.Call, matched: dict) -> relax.Expr | None:
     return relax.op.take(table, matched[_I], axis=int(call.attrs.axis), mode="wrap")
 
 
-CAST_BEFORE_MOVES = ImportPass("CastBeforeMoves", "an int64 tensor moved then cast: cast first "
-                               "(OpenVINO refuses the int64 moves)", on_main(_CastFirst))
-FLOAT_TO_BOOL = ImportPass("FloatToBoolAsCompare", "a float cast to bool as not(x == 0), exact "
-                           "for NaN and -0.0 (OpenVINO refuses the cast)",
-                           by_pattern(is_op("relax.astype")(_X), _compare))
-TAKE_WRAP = ImportPass("TakeWrapForNegativeIndex", "take(T, where(i < 0, i + n, i)) as take(T, i, "
-                       "mode=wrap) (ONNX Gather's negative indices)", by_pattern(_NEGATIVE_WRAP, _wrap))
+CAST_BEFORE_MOVES = ImportPass(
+    "CastBeforeMoves",
+    "an int64 tensor moved then cast: cast first (OpenVINO refuses the int64 moves)",
+    on_main(_CastFirst),
+)
+FLOAT_TO_BOOL = ImportPass(
+    "FloatToBoolAsCompare",
+    "a float cast to bool as not(x == 0), exact for NaN and -0.0 (OpenVINO refuses the cast)",
+    by_pattern(is_op("relax.astype")(_X), _compare),
+)
+TAKE_WRAP = ImportPass(
+    "TakeWrapForNegativeIndex",
+    "take(T, where(i < 0, i + n, i)) as take(T, i, mode=wrap) (ONNX Gather's negative indices)",
+    by_pattern(_NEGATIVE_WRAP, _wrap),
+)

@@ -52,8 +52,9 @@ def on_main(mutator_type: type) -> Rewrite:
     return rewrite
 
 
-def by_pattern(pattern: DFPattern,
-               rewriter: Callable[[relax.Call, dict], relax.Expr | None]) -> Rewrite:
+def by_pattern(
+    pattern: DFPattern, rewriter: Callable[[relax.Call, dict], relax.Expr | None]
+) -> Rewrite:
     """The rewrite of ``main`` by TVM's pattern language: each call that ``pattern`` matches
     (through ``main``'s bindings) becomes what ``rewriter(call, matches)`` returns, or stays
     where it returns None.
@@ -76,7 +77,9 @@ class _PatternMutator(relax.PyExprMutator):
     def __init__(self, pattern: DFPattern, rewriter: Callable, var2val: dict) -> None:
         super().__init__()
         self.pattern, self.rewriter, self.var2val = pattern, rewriter, var2val
-        self.var_of = {value: var for var, value in var2val.items()}  # the matcher sees through vars
+        self.var_of = {
+            value: var for var, value in var2val.items()
+        }  # the matcher sees through vars
         self.rewrites = 0
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:

@@ -27,15 +27,28 @@ from partune.frontend.passes.import_pass import ImportPass, with_main
 MAX_ELEMENTS = 1 << 20  # a folded value larger than this stays computed (4 MiB of f32)
 
 # Ops with effects or with no meaning outside a VM: never evaluated ahead of time.
-_EFFECTS = ("relax.call_", "relax.print", "relax.assert", "relax.memory", "relax.vm", "relax.builtin",
-            "relax.null_value", "relax.invoke", "relax.to_vdevice", "relax.hint_on_device")
+_EFFECTS = (
+    "relax.call_",
+    "relax.print",
+    "relax.assert",
+    "relax.memory",
+    "relax.vm",
+    "relax.builtin",
+    "relax.null_value",
+    "relax.invoke",
+    "relax.to_vdevice",
+    "relax.hint_on_device",
+)
 
 
 def _pure_op(value: relax.Expr) -> bool:
     if isinstance(value, (relax.Var, relax.Tuple, relax.TupleGetItem, tvm.ir.GenericConst)):
         return True
-    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-            and not value.op.name.startswith(_EFFECTS))
+    return (
+        isinstance(value, relax.Call)
+        and isinstance(value.op, tvm.ir.Op)
+        and not value.op.name.startswith(_EFFECTS)
+    )
 
 
 def _elements(ty: object) -> int | None:
@@ -50,15 +63,24 @@ def _plan(func: relax.Function) -> tuple[list[relax.VarBinding], list[relax.Var]
     bindings = [b for block in func.body.blocks for b in block.bindings]
     free: dict[relax.Var, relax.VarBinding] = {}
     for b in bindings:
-        if (isinstance(b, relax.VarBinding) and _pure_op(b.value)
-                and all(v in free for v in relax.analysis.free_vars(b.value))):
+        if (
+            isinstance(b, relax.VarBinding)
+            and _pure_op(b.value)
+            and all(v in free for v in relax.analysis.free_vars(b.value))
+        ):
             free[b.var] = b
     read: set[relax.Var] = set(relax.analysis.free_vars(func.body.body))
     for b in bindings:
         if b.var not in free:
             read.update(relax.analysis.free_vars(b.value))
-    frontier = [v for v in free if v in read and not isinstance(free[v].value, (tvm.ir.GenericConst, relax.Var))
-                and (n := _elements(free[v].value.ty)) is not None and n <= MAX_ELEMENTS]
+    frontier = [
+        v
+        for v in free
+        if v in read
+        and not isinstance(free[v].value, (tvm.ir.GenericConst, relax.Var))
+        and (n := _elements(free[v].value.ty)) is not None
+        and n <= MAX_ELEMENTS
+    ]
     return list(free.values()), frontier
 
 
@@ -109,6 +131,9 @@ def fold_input_free(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     return relax.transform.DeadCodeElimination(["main"])(mod), len(consts)
 
 
-FOLD_INPUT_FREE = ImportPass("FoldInputFree", "work that reads no input (masks and positions "
-                             "from R.arange) computed once by TVM and made constants",
-                             fold_input_free)
+FOLD_INPUT_FREE = ImportPass(
+    "FoldInputFree",
+    "work that reads no input (masks and positions "
+    "from R.arange) computed once by TVM and made constants",
+    fold_input_free,
+)

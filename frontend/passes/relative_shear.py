@@ -49,7 +49,9 @@ def _columns(c: int, s: int, n: int, m: int) -> np.ndarray:
     return c + s * (np.arange(n + m - 1) - (n - 1))
 
 
-def _shear(bb: relax.BlockBuilder, a: relax.Expr, lead: list[int], n: int, width: int, m: int) -> relax.Expr:
+def _shear(
+    bb: relax.BlockBuilder, a: relax.Expr, lead: list[int], n: int, width: int, m: int
+) -> relax.Expr:
     """``out[..., i, j] = a[..., i, (n - 1) - i + j]`` for ``a`` of shape ``lead + [n, width]``."""
     axis = len(lead)
     flat = bb.emit(relax.op.reshape(a, [*lead, n * width]))
@@ -76,7 +78,9 @@ class _Shears(relax.PyExprMutator):
         shape, idx_shape = known_shape(data.ty), known_shape(idx.ty)
         if not isinstance(idx, tvm.ir.GenericConst) or shape is None or idx_shape is None:
             return call
-        if int(call.attrs.axis) not in (-1, len(shape) - 1) or list(shape[:-1]) != list(idx_shape[:-1]):
+        if int(call.attrs.axis) not in (-1, len(shape) - 1) or list(shape[:-1]) != list(
+            idx_shape[:-1]
+        ):
             return call
         found = diagonal(idx.value.numpy())
         if found is None:
@@ -96,15 +100,25 @@ class _Shears(relax.PyExprMutator):
         """``data[..., cols]``: in a constant right-hand side of the matmul that made it, else a
         slice (ascending columns), else None (descending: no backend has negative strides)."""
         made = self.lookup_binding(data) if isinstance(data, relax.Var) else None
-        if (isinstance(made, relax.Call) and isinstance(made.op, tvm.ir.Op) and made.op.name == "relax.matmul"
-                and isinstance(rhs := made.args[1], tvm.ir.GenericConst) and rhs.value.numpy().ndim >= 2):
+        if (
+            isinstance(made, relax.Call)
+            and isinstance(made.op, tvm.ir.Op)
+            and made.op.name == "relax.matmul"
+            and isinstance(rhs := made.args[1], tvm.ir.GenericConst)
+            and rhs.value.numpy().ndim >= 2
+        ):
             kept = np.ascontiguousarray(np.take(rhs.value.numpy(), cols, axis=-1))
             return relax.op.matmul(made.args[0], relax.const(kept), out_dtype=made.attrs.out_dtype)
         if cols[-1] > cols[0]:
-            return relax.op.strided_slice(data, [len(known_shape(data.ty)) - 1], [int(cols[0])], [int(cols[-1]) + 1])
+            return relax.op.strided_slice(
+                data, [len(known_shape(data.ty)) - 1], [int(cols[0])], [int(cols[-1]) + 1]
+            )
         return None
 
 
-RELATIVE_SHEARS = ImportPass("RelativeShears", "a diagonal constant-index gather_elements "
-                             "(DeBERTa's relative positions) as reshapes and slices",
-                             on_main(_Shears))
+RELATIVE_SHEARS = ImportPass(
+    "RelativeShears",
+    "a diagonal constant-index gather_elements "
+    "(DeBERTa's relative positions) as reshapes and slices",
+    on_main(_Shears),
+)

@@ -65,10 +65,22 @@ class _SoftmaxGuards(relax.PyExprMutator):
         if op_name(call) != "relax.where":
             return call
         guard, _, result = call.args
-        x = self._chain(guard, "relax.logical_not", "relax.astype", "relax.max", "relax.astype",
-                        "relax.logical_not", "relax.equal")
+        x = self._chain(
+            guard,
+            "relax.logical_not",
+            "relax.astype",
+            "relax.max",
+            "relax.astype",
+            "relax.logical_not",
+            "relax.equal",
+        )
         source = self._chain(result, "relax.nn.softmax")
-        if x is None or source is None or not source.same_as(x) or known_dims(result) != known_dims(call):
+        if (
+            x is None
+            or source is None
+            or not source.same_as(x)
+            or known_dims(result) != known_dims(call)
+        ):
             return call
         if not self._rows_hold_no_neg_inf(x):
             return call
@@ -100,6 +112,10 @@ def drop_softmax_guards(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     return relax.transform.DeadCodeElimination(["main"])(mod), mutator.rewrites
 
 
-DROP_SOFTMAX_GUARDS = ImportPass("DropSoftmaxGuards", "the torch import's guard of a softmax against "
-                                 "all -inf rows, dropped where bounds prove no row can be (the "
-                                 "ONNX export has none)", drop_softmax_guards)
+DROP_SOFTMAX_GUARDS = ImportPass(
+    "DropSoftmaxGuards",
+    "the torch import's guard of a softmax against "
+    "all -inf rows, dropped where bounds prove no row can be (the "
+    "ONNX export has none)",
+    drop_softmax_guards,
+)

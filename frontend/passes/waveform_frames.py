@@ -25,9 +25,14 @@ from partune.frontend.passes.import_pass import ImportPass, on_main
 
 def _plain(attrs) -> bool:
     """NCW in and out, OIW weights, no padding, dilation or groups."""
-    return (str(attrs.data_layout) == "NCW" and str(attrs.kernel_layout) == "OIW"
-            and str(attrs.out_layout) == "NCW" and int(attrs.groups) == 1
-            and all(int(p) == 0 for p in attrs.padding) and all(int(d) == 1 for d in attrs.dilation))
+    return (
+        str(attrs.data_layout) == "NCW"
+        and str(attrs.kernel_layout) == "OIW"
+        and str(attrs.out_layout) == "NCW"
+        and int(attrs.groups) == 1
+        and all(int(p) == 0 for p in attrs.padding)
+        and all(int(d) == 1 for d in attrs.dilation)
+    )
 
 
 @relax.expr_functor.mutator
@@ -42,7 +47,9 @@ class _Frames(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv1d") or not _plain(call.attrs):
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv1d") or not _plain(
+            call.attrs
+        ):
             return call
         x, w = call.args
         xs, ws = known_shape(x.ty), known_shape(w.ty)
@@ -55,14 +62,23 @@ class _Frames(relax.PyExprMutator):
         self.rewrites += 1
         bb = self.builder_
         kept = steps - 1 + frames_per_patch  # the frames the patches read
-        frames = bb.emit(relax.op.reshape(bb.emit(relax.op.strided_slice(x, [2], [0], [kept * s])), [n, kept, s]))
-        parts = [bb.emit(relax.op.strided_slice(frames, [1], [j], [j + steps])) for j in range(frames_per_patch)]
-        patches = bb.emit(relax.op.concat(parts, axis=2)) if len(parts) > 1 else parts[0]  # [n, steps, k]
+        frames = bb.emit(
+            relax.op.reshape(bb.emit(relax.op.strided_slice(x, [2], [0], [kept * s])), [n, kept, s])
+        )
+        parts = [
+            bb.emit(relax.op.strided_slice(frames, [1], [j], [j + steps]))
+            for j in range(frames_per_patch)
+        ]
+        patches = (
+            bb.emit(relax.op.concat(parts, axis=2)) if len(parts) > 1 else parts[0]
+        )  # [n, steps, k]
         weights = relax.const(w.value.numpy().reshape(c, k))
         columns = bb.emit(relax.op.permute_dims(patches, [0, 2, 1]))  # [n, k, steps]
         return relax.op.matmul(weights, columns, out_dtype=call.attrs.out_dtype)
 
 
-WAVEFORM_FRAMES = ImportPass("WaveformFrames", "a strided one-channel conv1d over a waveform "
-                             "(wav2vec2's first layer) as a matmul over frames",
-                             on_main(_Frames))
+WAVEFORM_FRAMES = ImportPass(
+    "WaveformFrames",
+    "a strided one-channel conv1d over a waveform (wav2vec2's first layer) as a matmul over frames",
+    on_main(_Frames),
+)

@@ -25,12 +25,20 @@ def _whole_window(call: relax.Call) -> bool:
     the input."""
     a = call.attrs
     hw, out = known_shape(call.args[0].ty), known_shape(call.ty)
-    if (str(a.layout) != "NCHW" or str(a.out_layout) != "NCHW" or hw is None or out is None
-            or len(hw) != 4):
+    if (
+        str(a.layout) != "NCHW"
+        or str(a.out_layout) != "NCHW"
+        or hw is None
+        or out is None
+        or len(hw) != 4
+    ):
         return False
-    return (list(out[2:]) == [1, 1] and not any(int(p) for p in a.padding)
-            and all(int(d) == 1 for d in a.dilation)
-            and all(int(k) >= n for k, n in zip(a.pool_size, hw[2:], strict=True)))
+    return (
+        list(out[2:]) == [1, 1]
+        and not any(int(p) for p in a.padding)
+        and all(int(d) == 1 for d in a.dilation)
+        and all(int(k) >= n for k, n in zip(a.pool_size, hw[2:], strict=True))
+    )
 
 
 def _as_reduction(call: relax.Call, matched: dict) -> relax.Expr | None:
@@ -40,6 +48,9 @@ def _as_reduction(call: relax.Call, matched: dict) -> relax.Expr | None:
     return op(matched[_X], axis=[2, 3], keepdims=True)
 
 
-WHOLE_INPUT_POOL = ImportPass("WholeInputPoolAsReduction", "a pool whose window covers its whole "
-                              "input as a mean/max over H, W (a global pool for every backend)",
-                              by_pattern(_POOL, _as_reduction))
+WHOLE_INPUT_POOL = ImportPass(
+    "WholeInputPoolAsReduction",
+    "a pool whose window covers its whole "
+    "input as a mean/max over H, W (a global pool for every backend)",
+    by_pattern(_POOL, _as_reduction),
+)

@@ -27,9 +27,13 @@ def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:
         try:
             shapes[name] = tuple(int(d) for d in dims.replace("x", ",").split(","))
         except ValueError:
-            raise PartuneError(f"bad --input-shape '{spec}': expected NAME=D1,D2,... e.g. input_ids=1,128") from None
+            raise PartuneError(
+                f"bad --input-shape '{spec}': expected NAME=D1,D2,... e.g. input_ids=1,128"
+            ) from None
         if not name or any(d < 1 for d in shapes[name]):
-            raise PartuneError(f"bad --input-shape '{spec}': expected NAME=D1,D2,... with positive sizes")
+            raise PartuneError(
+                f"bad --input-shape '{spec}': expected NAME=D1,D2,... with positive sizes"
+            )
     return shapes
 
 
@@ -37,7 +41,9 @@ def load_model(args: argparse.Namespace):
     """The model named on the command line; dimensions it left open are reported."""
     from partune.frontend import load
 
-    model = load(args.model, parse_input_shapes(args.input_shape), getattr(args, "disable_pass", None) or ())
+    model = load(
+        args.model, parse_input_shapes(args.input_shape), getattr(args, "disable_pass", None) or ()
+    )
     for note in model.assumed:
         print(f"partune: note: {note} (set it with --input-shape)", file=sys.stderr)
     return model
@@ -89,7 +95,7 @@ def make_runner(spec: str, timeout_s: float, threads: int, cpus: list[int] | Non
     if spec.startswith("rpc://"):
         from partune.runners import RPCRunner
 
-        address, _, key = spec[len("rpc://"):].partition("/")
+        address, _, key = spec[len("rpc://") :].partition("/")
         if not key:
             raise PartuneError(f"bad runner '{spec}': expected rpc://HOST:PORT/KEY")
         return RPCRunner(address, key, timeout_s=timeout_s, threads=threads)
@@ -99,7 +105,7 @@ def make_runner(spec: str, timeout_s: float, threads: int, cpus: list[int] | Non
 def sqlite_file(storage: str) -> str | None:
     """The file of an SQLite storage URL (None for in-memory SQLite and other storages)."""
     if storage.startswith("sqlite:///") and storage != "sqlite:///:memory:":
-        return storage[len("sqlite:///"):]
+        return storage[len("sqlite:///") :]
     return None
 
 
@@ -149,7 +155,9 @@ def study_summaries(storage: str) -> list:
     except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
         from partune.store import shown
 
-        raise PartuneError(f"cannot open storage {shown(str(storage))}: {str(e).splitlines()[0][:160]}") from e
+        raise PartuneError(
+            f"cannot open storage {shown(str(storage))}: {str(e).splitlines()[0][:160]}"
+        ) from e
 
 
 def format_duration(seconds: float) -> str:

@@ -27,7 +27,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     try:
         import optuna_dashboard
     except ImportError:
-        raise PartuneError("partune dashboard needs optuna-dashboard: pip install optuna-dashboard") from None
+        raise PartuneError(
+            "partune dashboard needs optuna-dashboard: pip install optuna-dashboard"
+        ) from None
     server = _server(optuna_dashboard.wsgi(args.storage), args.port)
     url = f"http://{HOST}:{server.server_port}"
     for line in _listing(summaries, url):
@@ -52,7 +54,9 @@ def _check_exists(storage: str) -> None:
     from partune.store import MEMORY
 
     if storage == MEMORY:
-        raise PartuneError("a 'memory' storage keeps nothing after its run: name a database with --storage")
+        raise PartuneError(
+            "a 'memory' storage keeps nothing after its run: name a database with --storage"
+        )
     path = sqlite_file(storage)
     if path is not None and not Path(path).is_file():
         raise PartuneError(f"cannot open storage {storage}: no file {path}")
@@ -75,7 +79,9 @@ def _server(app: Any, port: int):
     try:
         return make_server(HOST, port, app, server_class=Server, handler_class=Quiet)
     except OSError as e:
-        raise PartuneError(f"cannot listen on {HOST}:{port}: {e.strerror or e} (choose another --port)") from None
+        raise PartuneError(
+            f"cannot listen on {HOST}:{port}: {e.strerror or e} (choose another --port)"
+        ) from None
 
 
 def _listing(summaries: list, url: str) -> list[str]:
@@ -85,11 +91,17 @@ def _listing(summaries: list, url: str) -> list[str]:
     ids = {s.study_name: getattr(s, "_study_id", None) for s in summaries}
     measurements = [s for s in summaries if s.study_name.startswith(STUDY_PREFIX)]
     jobs = [s for s in summaries if s.user_attrs.get("refine_study")]
-    lines = [f"{_studies(len(summaries))}: {len(jobs)} tuning job(s) with a refinement study, "
-             f"{_studies(len(measurements), 'measurement ')} (one per device)"]
+    lines = [
+        f"{_studies(len(summaries))}: {len(jobs)} tuning job(s) with a refinement study, "
+        f"{_studies(len(measurements), 'measurement ')} (one per device)"
+    ]
     for job in jobs:
         refine = job.user_attrs["refine_study"]
-        link = f"{url}/dashboard/studies/{ids[refine]}" if ids.get(refine) is not None else "(not started)"
+        link = (
+            f"{url}/dashboard/studies/{ids[refine]}"
+            if ids.get(refine) is not None
+            else "(not started)"
+        )
         lines.append(f"  {job.study_name}: refinement {link}")
     return lines
 

@@ -19,8 +19,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     plan, source = _read_plan(args)
     model = _load_for(args, plan)
     if plan.fingerprint != model.graph.fingerprint:
-        raise PlanError(f"the plan was made for another model (fingerprint {plan.fingerprint}, "
-                        f"{model.name} is {model.graph.fingerprint})")
+        raise PlanError(
+            f"the plan was made for another model (fingerprint {plan.fingerprint}, "
+            f"{model.name} is {model.graph.fingerprint})"
+        )
     plan.validate(model.graph, registry.names())
     device, measured = _measurements(args, plan)
     facts = explain(plan, model.graph, gather_evidence(plan, model, measured, device), source)
@@ -34,8 +36,10 @@ def _storage_exists(url: str) -> bool:
     from partune.store import MEMORY
 
     if url in (MEMORY, "sqlite:///:memory:"):
-        raise PartuneError(f"storage '{url}' keeps nothing after its run: explain reads the --storage "
-                           "that `partune tune` wrote")
+        raise PartuneError(
+            f"storage '{url}' keeps nothing after its run: explain reads the --storage "
+            "that `partune tune` wrote"
+        )
     path = sqlite_file(url)
     return path is None or os.path.isfile(path)
 
@@ -47,9 +51,13 @@ def _read_plan(args: argparse.Namespace):
     if args.plan:
         return Plan.load(args.plan), f"plan file {args.plan}"
     if not args.study:
-        raise PartuneError("explain needs --study NAME (and --storage) of a tuning job, or --plan FILE")
+        raise PartuneError(
+            "explain needs --study NAME (and --storage) of a tuning job, or --plan FILE"
+        )
     if not _storage_exists(args.storage):
-        raise PartuneError(f"no storage at {sqlite_file(args.storage)} (see `partune status --storage URL`)")
+        raise PartuneError(
+            f"no storage at {sqlite_file(args.storage)} (see `partune status --storage URL`)"
+        )
     attrs = job_attrs(args.storage, args.study)
     args.model = args.model or attrs.get("model")
     args.input_shape = args.input_shape or attrs.get("input_shape")
@@ -68,8 +76,10 @@ def _load_for(args: argparse.Namespace, plan):
     except ModelError as e:
         if named:
             raise
-        raise PartuneError(f"the plan is for '{plan.model}', which cannot be loaded by that name ({e}): "
-                           "name its file, partune explain MODEL --plan FILE") from None
+        raise PartuneError(
+            f"the plan is for '{plan.model}', which cannot be loaded by that name ({e}): "
+            "name its file, partune explain MODEL --plan FILE"
+        ) from None
 
 
 def _measurements(args: argparse.Namespace, plan) -> tuple[str, dict]:
@@ -82,8 +92,10 @@ def _measurements(args: argparse.Namespace, plan) -> tuple[str, dict]:
     target = plan.config.default.target or {}
     device = args.device or device_fingerprint(int(target.get("num-cores", args.threads)))
     if not _storage_exists(args.storage):
-        print(f"partune: note: no storage at {sqlite_file(args.storage)}: no measurements to show",
-              file=sys.stderr)
+        print(
+            f"partune: note: no storage at {sqlite_file(args.storage)}: no measurements to show",
+            file=sys.stderr,
+        )
         return device, {}
     measured = read_measurements(args.storage, device)
     if measured is not None or args.device:
@@ -91,7 +103,10 @@ def _measurements(args: argparse.Namespace, plan) -> tuple[str, dict]:
     stores = [s for s in study_summaries(args.storage) if s.study_name.startswith(STUDY_PREFIX)]
     if not stores:
         return device, {}
-    other = max(stores, key=lambda s: s.n_trials).study_name[len(STUDY_PREFIX):]
-    print(f"partune: note: {args.storage} holds no measurements of this machine at the plan's thread count; "
-          f"showing device {other}'s (choose with --device)", file=sys.stderr)
+    other = max(stores, key=lambda s: s.n_trials).study_name[len(STUDY_PREFIX) :]
+    print(
+        f"partune: note: {args.storage} holds no measurements of this machine at the plan's thread count; "
+        f"showing device {other}'s (choose with --device)",
+        file=sys.stderr,
+    )
     return other, read_measurements(args.storage, other) or {}

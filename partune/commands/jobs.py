@@ -21,7 +21,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         plan = Plan.load(args.plan)
     else:
         if not args.study:
-            raise PartuneError("export needs --plan FILE, or --study NAME (and --storage) of a tuning job")
+            raise PartuneError(
+                "export needs --plan FILE, or --study NAME (and --storage) of a tuning job"
+            )
         attrs = job_attrs(args.storage, args.study)
         plan = Plan.from_json(attrs["best_plan"])
         spec = spec or attrs.get("model")
@@ -30,8 +32,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     args.model, args.input_shape = spec, shapes
     model = load_model(args)
     if plan.fingerprint != model.graph.fingerprint:
-        raise PartuneError(f"the plan was made for another model (fingerprint {plan.fingerprint}, "
-                           f"{model.name} is {model.graph.fingerprint})")
+        raise PartuneError(
+            f"the plan was made for another model (fingerprint {plan.fingerprint}, "
+            f"{model.name} is {model.graph.fingerprint})"
+        )
     try:
         out = export(model, plan, args.output, args.threads)
     except FileExistsError as e:
@@ -52,16 +56,31 @@ def cmd_status(args: argparse.Namespace) -> int:
     stores = [s for s in summaries if s.study_name.startswith(STUDY_PREFIX)]
     trials = {s.study_name: s.n_trials for s in summaries}
     jobs = [s for s in summaries if "best_plan" in s.user_attrs or "started" in s.user_attrs]
-    print(f"{args.storage}: {sum(s.n_trials for s in stores)} measurements on {len(stores)} device(s), "
-          f"{len(jobs)} tuning job(s)")
+    print(
+        f"{args.storage}: {sum(s.n_trials for s in stores)} measurements on {len(stores)} device(s), "
+        f"{len(jobs)} tuning job(s)"
+    )
     _print_fleet(args.storage)
     if not jobs:
         return 0
     now, rows = time.time(), []
     for s in sorted(jobs, key=lambda s: s.datetime_start or 0):
         rows.append(_status_row(s.study_name, s.user_attrs, trials, now))
-    for line in fit_table(("study", "state", "refined", "emitted plan", "backends", "ms", "x best peer",
-                           "peak memory"), rows, "<<><<>><", pipes=True):
+    for line in fit_table(
+        (
+            "study",
+            "state",
+            "refined",
+            "emitted plan",
+            "backends",
+            "ms",
+            "x best peer",
+            "peak memory",
+        ),
+        rows,
+        "<<><<>><",
+        pipes=True,
+    ):
         print(line)
     return 0
 
@@ -75,12 +94,24 @@ def _print_fleet(storage, window_s: float = 600.0) -> None:
     active = [d for d in fleet_activity(storage, window_s) if d.workers]
     if not active:
         return
-    rows = [[d.device, f"{d.per_minute:.1f}", str(d.measurements),
-             ", ".join(f"{w.worker} ({w.recent}, {format_duration(w.last_s)} ago)" for w in d.workers)]
-            for d in active]
+    rows = [
+        [
+            d.device,
+            f"{d.per_minute:.1f}",
+            str(d.measurements),
+            ", ".join(
+                f"{w.worker} ({w.recent}, {format_duration(w.last_s)} ago)" for w in d.workers
+            ),
+        ]
+        for d in active
+    ]
     print(f"measuring in the last {format_duration(window_s)}:")
-    for line in fit_table(("device", "per minute", "stored", "workers (measurements, last seen)"), rows, "<>><",
-                          pipes=True):
+    for line in fit_table(
+        ("device", "per minute", "stored", "workers (measurements, last seen)"),
+        rows,
+        "<>><",
+        pipes=True,
+    ):
         print(line)
 
 
@@ -99,17 +130,31 @@ def _status_row(name: str, attrs: dict, trials: dict[str, int], now: float) -> l
         state += f": {phase}"
     memory = _memory_cell(attrs.get("memory"))
     bound = attrs.get("n_trials", "?")  # None: a budget's refinement, until it converges
-    refined = (f"{trials.get(attrs['refine_study'], 0)}" + (f"/{bound}" if bound is not None else " (to convergence)")
-               if attrs.get("refine_study") else "-")
+    refined = (
+        f"{trials.get(attrs['refine_study'], 0)}"
+        + (f"/{bound}" if bound is not None else " (to convergence)")
+        if attrs.get("refine_study")
+        else "-"
+    )
     plan = attrs.get("best_plan")
     if plan is None:
         return [name, state, refined, "(none yet)", "-", "-", "-", memory]
     notes = plan.get("notes", {})
     backends = "+".join(sorted({r["scope"]["backend"] for r in plan["regions"]}))
-    ms = notes.get("verdict_median_s", {}).get(notes.get("chosen_as"), notes.get("measured_s", float("nan")))
+    ms = notes.get("verdict_median_s", {}).get(
+        notes.get("chosen_as"), notes.get("measured_s", float("nan"))
+    )
     x = notes.get("speedup_vs_best_peer")
-    return [name, state, refined, str(notes.get("chosen_as", "?")), backends, f"{ms * 1e3:.3f}",
-            f"{x:.2f}x" if x else "-", memory]
+    return [
+        name,
+        state,
+        refined,
+        str(notes.get("chosen_as", "?")),
+        backends,
+        f"{ms * 1e3:.3f}",
+        f"{x:.2f}x" if x else "-",
+        memory,
+    ]
 
 
 def _memory_cell(peaks: dict | None) -> str:
@@ -139,9 +184,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             model = load_model(args)
         except PartuneError as e:  # the report still has its tables and plots without the graph
             print(f"partune: note: no graph picture ({e})", file=sys.stderr)
-    path = write_report(args.storage, args.study, Plan.from_json(attrs["best_plan"]), Path(args.output), model,
-                        attrs.get("refine_study"))
-    print(f"report written to {path} (with {', '.join(sorted(p.name for p in path.parent.glob('*.png')))})")
+    path = write_report(
+        args.storage,
+        args.study,
+        Plan.from_json(attrs["best_plan"]),
+        Path(args.output),
+        model,
+        attrs.get("refine_study"),
+    )
+    print(
+        f"report written to {path} (with {', '.join(sorted(p.name for p in path.parent.glob('*.png')))})"
+    )
     return 0
 
 
@@ -156,9 +209,11 @@ def cmd_costmodel_eval(args: argparse.Namespace) -> int:
     stores = [s for s in study_summaries(args.storage) if s.study_name.startswith(STUDY_PREFIX)]
     if not stores:
         raise PartuneError(f"{args.storage} holds no measurements (run `partune tune` first)")
-    device = args.device or max(stores, key=lambda s: s.n_trials).study_name[len(STUDY_PREFIX):]
+    device = args.device or max(stores, key=lambda s: s.n_trials).study_name[len(STUDY_PREFIX) :]
     store = MeasurementStore(args.storage, device)
-    labels = {t.user_attrs.get("label", "").split(" ")[0] for t in store.study.get_trials(deepcopy=False)}
+    labels = {
+        t.user_attrs.get("label", "").split(" ")[0] for t in store.study.get_trials(deepcopy=False)
+    }
     specs = args.models.split(",") if args.models else sorted(n for n in labels if is_zoo(n))
     backends = [b.strip() for b in args.backends.split(",")]
     data: list[Samples] = []
@@ -168,22 +223,34 @@ def cmd_costmodel_eval(args: argparse.Namespace) -> int:
         if len(s.seconds):
             data.append(s)
     if len(data) < 2:
-        raise PartuneError("leave-one-model-out needs measurements of at least two models "
-                           f"(found {len(data)}; name them with --models)")
+        raise PartuneError(
+            "leave-one-model-out needs measurements of at least two models "
+            f"(found {len(data)}; name them with --models)"
+        )
     scores = leave_one_model_out(data)
-    print(f"device {device}; {sum(len(s.seconds) for s in data)} measurements of {len(data)} models; "
-          "each model held out, the XGBoost model trained on the others")
-    print(f"| {'held-out model':<22} | {'candidates':>10} | {'frontiers':>9} | {'Spearman':>8} | {'top-1':>6} | {'top-3':>6} |")
+    print(
+        f"device {device}; {sum(len(s.seconds) for s in data)} measurements of {len(data)} models; "
+        "each model held out, the XGBoost model trained on the others"
+    )
+    print(
+        f"| {'held-out model':<22} | {'candidates':>10} | {'frontiers':>9} | {'Spearman':>8} | {'top-1':>6} | {'top-3':>6} |"
+    )
     print("|" + "|".join("-" * w for w in (24, 12, 11, 10, 8, 8)) + "|")
     for sc in scores:
-        print(f"| {sc.model:<22} | {sc.samples:>10} | {sc.frontiers:>9} | {sc.spearman:8.3f} | "
-              f"{sc.top1:6.1%} | {sc.top3:6.1%} |")
-    rho, top1, top3 = (sum(getattr(s, f) for s in scores) / len(scores) for f in ("spearman", "top1", "top3"))
+        print(
+            f"| {sc.model:<22} | {sc.samples:>10} | {sc.frontiers:>9} | {sc.spearman:8.3f} | "
+            f"{sc.top1:6.1%} | {sc.top3:6.1%} |"
+        )
+    rho, top1, top3 = (
+        sum(getattr(s, f) for s in scores) / len(scores) for f in ("spearman", "top1", "top3")
+    )
     print(f"| {'mean':<22} | {'':>10} | {'':>9} | {rho:8.3f} | {top1:6.1%} | {top3:6.1%} |")
     if args.save:
         import numpy as np
 
-        model = XGBoostCostModel().fit(np.concatenate([s.x for s in data]), np.concatenate([s.seconds for s in data]))
+        model = XGBoostCostModel().fit(
+            np.concatenate([s.x for s in data]), np.concatenate([s.seconds for s in data])
+        )
         model.save(args.save)
         print(f"cost model trained on all {model.trained_on} measurements saved to {args.save}")
     return 0
@@ -209,6 +276,8 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
     for name in registry.names():
         b = registry.get(name)
-        print(f"{name:<12} level={b.level.value:<9} fusion={b.fusion_style.value:<9} "
-              f"devices={','.join(b.device_types)}")
+        print(
+            f"{name:<12} level={b.level.value:<9} fusion={b.fusion_style.value:<9} "
+            f"devices={','.join(b.device_types)}"
+        )
     return 0

@@ -37,12 +37,18 @@ def cmd_run_deployed(args: argparse.Namespace) -> int:
     m_time = time_callable(model.prepare(*inputs))
     m_numpy = time_callable(lambda: model(*inputs))
     if file := m.get("model_file"):
-        print(f"deployed   {m['model']} (the model's own ONNX graph, {file['origin']}, under {file['library']})")
+        print(
+            f"deployed   {m['model']} (the model's own ONNX graph, {file['origin']}, under {file['library']})"
+        )
     else:
-        print(f"deployed   {m['model']} ({len(m['regions'])} library regions: {', '.join(m['backends']) or 'none'}; "
-              f"plan backends {', '.join(m['plan_backends'])})")
-    print(f"latency    {m_time.median_s * 1e3:.3f} ms median, {m_time.cost_s * 1e3:.3f} ms best "
-          f"({args.threads} thread(s); {m_numpy.median_s * 1e3:.3f} ms median with numpy in and out)")
+        print(
+            f"deployed   {m['model']} ({len(m['regions'])} library regions: {', '.join(m['backends']) or 'none'}; "
+            f"plan backends {', '.join(m['plan_backends'])})"
+        )
+    print(
+        f"latency    {m_time.median_s * 1e3:.3f} ms median, {m_time.cost_s * 1e3:.3f} ms best "
+        f"({args.threads} thread(s); {m_numpy.median_s * 1e3:.3f} ms median with numpy in and out)"
+    )
     if not args.input:
         from partune.bench import max_abs_error
 
@@ -51,7 +57,10 @@ def cmd_run_deployed(args: argparse.Namespace) -> int:
     for i, o in enumerate(outputs):
         if args.output:
             np.save(f"{args.output}_{i}.npy", o)
-        print(f"output {i}   {o.dtype}{list(o.shape)}" + (f" -> {args.output}_{i}.npy" if args.output else ""))
+        print(
+            f"output {i}   {o.dtype}{list(o.shape)}"
+            + (f" -> {args.output}_{i}.npy" if args.output else "")
+        )
     return 0
 
 
@@ -74,15 +83,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         built = build_plan(plan, model.mod, model.graph)
     err = max_abs_error(built(model.inputs), model.reference)
     m = time_callable(built.prepare(model.inputs))
-    shares = ", ".join(f"{b}: {sum(len(r.nodes) for r in plan.regions if r.backend == b)} nodes"
-                       for b in plan.backends)
-    print(f"model      {model.name} ({len(model.graph)} nodes, fingerprint {model.graph.fingerprint})")
-    what = (f"the model's own ONNX graph ({plan.model_file.origin}) under {plan.model_file.library}"
-            if plan.model_file else f"{len(plan.regions)} regions ({shares})")
+    shares = ", ".join(
+        f"{b}: {sum(len(r.nodes) for r in plan.regions if r.backend == b)} nodes"
+        for b in plan.backends
+    )
+    print(
+        f"model      {model.name} ({len(model.graph)} nodes, fingerprint {model.graph.fingerprint})"
+    )
+    what = (
+        f"the model's own ONNX graph ({plan.model_file.origin}) under {plan.model_file.library}"
+        if plan.model_file
+        else f"{len(plan.regions)} regions ({shares})"
+    )
     print(f"plan       {args.plan or 'single-backend ' + args.backend}: {what}")
-    print(f"latency    {m.median_s * 1e3:.3f} ms median, {m.cost_s * 1e3:.3f} ms best "
-          f"(IQR {m.spread_s * 1e3:.3f} ms, CPU {m.cpu_s * 1e3:.3f} ms, "
-          f"{m.repeats}x{m.number} calls, {args.threads} thread(s))")
+    print(
+        f"latency    {m.median_s * 1e3:.3f} ms median, {m.cost_s * 1e3:.3f} ms best "
+        f"(IQR {m.spread_s * 1e3:.3f} ms, CPU {m.cpu_s * 1e3:.3f} ms, "
+        f"{m.repeats}x{m.number} calls, {args.threads} thread(s))"
+    )
     print(f"max |err|  {err:.3g} vs {model.reference_source}")
     if args.verbose:
         from partune.frontend import describe_runs
@@ -101,8 +119,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     backends = args.backends.split(",") if args.backends else None
     peers = args.peers.split(",") if args.peers else None
     rows = bench(model, backends, peers, args.threads, progress=True)
-    print(f"{model.name}: {len(model.graph)} nodes, batch 1, {args.threads} thread(s), "
-          f"reference {model.reference_source}; x fastest = median / fastest median")
+    print(
+        f"{model.name}: {len(model.graph)} nodes, batch 1, {args.threads} thread(s), "
+        f"reference {model.reference_source}; x fastest = median / fastest median"
+    )
     print(format_table(rows))
     return 0
 

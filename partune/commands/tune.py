@@ -39,17 +39,34 @@ def cmd_tune(args: argparse.Namespace) -> int:
     progress = None
     if bars:
         beat = _StatusBeat(job.study, runner, pool)
-        progress = Progress(lambda name, total: (bars.start_phase(name, total), beat.start_phase(name)),
-                            lambda status: (bars.advance(status), beat.tick()))
+        progress = Progress(
+            lambda name, total: (bars.start_phase(name, total), beat.start_phase(name)),
+            lambda status: (bars.advance(status), beat.tick()),
+        )
     try:
-        result = tune(job.model, job.backends, runner, job.store, threads=args.threads, pins=job.pins,
-                      deadline=job.budget.until if job.budget else None, budget=job.budget, progress=progress,
-                      peers=job.peers, refine_trials=args.refine_trials, previous=job.previous,
-                      cost_model=job.cost_model, memory=args.objective == "latency+memory",
-                      worker_only=args.worker, tune_budget_s=job.tune_budget, tune_trials=args.tune_trials,
-                      build_pool=pool, precision=args.precision,
-                      tolerance=args.tolerance if args.precision == "bf16" else None,
-                      one_thread_regions=args.fewer_threads == "on")
+        result = tune(
+            job.model,
+            job.backends,
+            runner,
+            job.store,
+            threads=args.threads,
+            pins=job.pins,
+            deadline=job.budget.until if job.budget else None,
+            budget=job.budget,
+            progress=progress,
+            peers=job.peers,
+            refine_trials=args.refine_trials,
+            previous=job.previous,
+            cost_model=job.cost_model,
+            memory=args.objective == "latency+memory",
+            worker_only=args.worker,
+            tune_budget_s=job.tune_budget,
+            tune_trials=args.tune_trials,
+            build_pool=pool,
+            precision=args.precision,
+            tolerance=args.tolerance if args.precision == "bf16" else None,
+            one_thread_regions=args.fewer_threads == "on",
+        )
     except KeyboardInterrupt:
         if not args.worker:
             job.study.set_user_attr("stopped", time.time())
@@ -99,7 +116,9 @@ def _prepare(args: argparse.Namespace) -> _Job:
     from partune.runners import PEER_LABELS
     from partune.store import MeasurementStore
 
-    budget = Budget.of(parse_duration(args.timeout)) if args.timeout else None  # counts the import too
+    budget = (
+        Budget.of(parse_duration(args.timeout)) if args.timeout else None
+    )  # counts the import too
     backends, named, tune_budget = _backends(args, budget)
     _check_precision(args, backends)
     if args.refine_trials is None:  # with a budget: until refinement converges (None)
@@ -109,8 +128,10 @@ def _prepare(args: argparse.Namespace) -> _Job:
     for node, scope in parse_pins(args.pin, model).items():
         joined = pins[node].join(scope) if node in pins else scope
         if joined is None:
-            raise PartuneError(f"--pin puts node {node} on {scope.backend}, "
-                               f"the model pins it to {pins[node].backend or f'device {pins[node].device_type}'}")
+            raise PartuneError(
+                f"--pin puts node {node} on {scope.backend}, "
+                f"the model pins it to {pins[node].backend or f'device {pins[node].device_type}'}"
+            )
         pins[node] = joined
     if args.workers < 1 or args.heartbeat < 1:
         raise PartuneError("--workers and --heartbeat must be at least 1")
@@ -118,15 +139,23 @@ def _prepare(args: argparse.Namespace) -> _Job:
     # The device measured on decides which measurements hold: a remote one's own fingerprint.
     with make_runner(args.runner, measure_timeout, args.threads) as probe:
         device = probe.device()
-    store = MeasurementStore(args.storage, device,
-                             claim_ttl_s=max(1800.0, 3 * measure_timeout), heartbeat_s=args.heartbeat,
-                             retry_failed=args.retry_failed)
+    store = MeasurementStore(
+        args.storage,
+        device,
+        claim_ttl_s=max(1800.0, 3 * measure_timeout),
+        heartbeat_s=args.heartbeat,
+        retry_failed=args.retry_failed,
+    )
     study_name = args.study or f"{model.name}:{','.join(named)}" + (
-        f":bf16<={args.tolerance:g}" if args.precision == "bf16" else "") + (  # an f32 job never resumes a bf16 plan
-        ":same-threads" if args.fewer_threads == "off" and args.threads > 1 else "")
+        f":bf16<={args.tolerance:g}" if args.precision == "bf16" else ""
+    ) + (  # an f32 job never resumes a bf16 plan
+        ":same-threads" if args.fewer_threads == "off" and args.threads > 1 else ""
+    )
     peers = tuple(p for p in args.peers.split(",") if p and p != "none")
     if unknown := [p for p in peers if p not in PEER_LABELS]:
-        raise PartuneError(f"unknown peer(s) {', '.join(unknown)}: use {', '.join(PEER_LABELS)} or none")
+        raise PartuneError(
+            f"unknown peer(s) {', '.join(unknown)}: use {', '.join(PEER_LABELS)} or none"
+        )
     study = optuna.create_study(study_name=study_name, storage=store.storage, load_if_exists=True)
     if not args.worker:
         _job_started(study, args)
@@ -146,16 +175,34 @@ def _prepare(args: argparse.Namespace) -> _Job:
         args.cost_model = FileKeptModel(args.cost_model)
     previous = previous_plan(store.storage, study_name)
     if previous is not None:  # its tuned regions are built from the records beside the store
-        backends += [b for b in previous.backends if b not in backends and registry.get(b).autotuned]
-    if any(registry.get(b).autotuned for b in backends) and registry.settings().tuning_database is None:
+        backends += [
+            b for b in previous.backends if b not in backends and registry.get(b).autotuned
+        ]
+    if (
+        any(registry.get(b).autotuned for b in backends)
+        and registry.settings().tuning_database is None
+    ):
         # Beside the store: tuning records serve every later run and model, like measurements.
         database = os.path.abspath(beside_store(args.storage, ".tuning"))
         registry.configure(replace(registry.settings(), tuning_database=database))
-    return _Job(model, backends, tune_budget, budget, pins, measure_timeout, store, study, peers,
-                previous, _load_cost_model(args.cost_model, required=not auto))
+    return _Job(
+        model,
+        backends,
+        tune_budget,
+        budget,
+        pins,
+        measure_timeout,
+        store,
+        study,
+        peers,
+        previous,
+        _load_cost_model(args.cost_model, required=not auto),
+    )
 
 
-def _backends(args: argparse.Namespace, budget: Budget | None) -> tuple[list[str], list[str], float]:
+def _backends(
+    args: argparse.Namespace, budget: Budget | None
+) -> tuple[list[str], list[str], float]:
     """The backends on offer; those that name the job's study; seconds of tuning (0: none, or
     the budget's share).
 
@@ -188,12 +235,16 @@ def _check_precision(args: argparse.Namespace, backends: list[str]) -> None:
     if args.precision != "bf16":
         return
     if not registry.cpu_has_bf16():
-        raise PartuneError("--precision bf16 is not offered here: this CPU reports no bf16 instructions "
-                           "(avx512_bf16 or amx_bf16), so bf16 would be emulated, not faster")
+        raise PartuneError(
+            "--precision bf16 is not offered here: this CPU reports no bf16 instructions "
+            "(avx512_bf16 or amx_bf16), so bf16 would be emulated, not faster"
+        )
     if not registry.bf16_names(backends):
         offering = [n for n in registry.default_names() if registry.get(n).bf16]
-        raise PartuneError(f"--precision bf16: none of {', '.join(backends)} has a bf16 path "
-                           f"(add {' or '.join(offering)} to --backends)")
+        raise PartuneError(
+            f"--precision bf16: none of {', '.join(backends)} has a bf16 path "
+            f"(add {' or '.join(offering)} to --backends)"
+        )
     if not args.tolerance > 0:
         raise PartuneError(f"--tolerance must be a relative error above 0, not {args.tolerance:g}")
 
@@ -204,7 +255,9 @@ def _finish(args: argparse.Namespace, job: _Job, result, notes: list[str]) -> in
 
     counts = result.counts
     if args.worker:
-        print(f"worker {os.getpid()}: measured {counts.measured} ({counts.failed} failed), reused {counts.reused}")
+        print(
+            f"worker {os.getpid()}: measured {counts.measured} ({counts.failed} failed), reused {counts.reused}"
+        )
         return 0
     result.plan.save(args.output)
     fronts = _save_front(result, args.output)
@@ -242,14 +295,18 @@ def _build_pool(args: argparse.Namespace, timeout_s: float):
         return None, None
     unpin_search_process()
     cache = tempfile.mkdtemp(prefix="partune-builds-")
-    return BuildPool(cache, workers=1, threads=args.threads, cpus=build_cpus, timeout_s=timeout_s), measure_cpus
+    return BuildPool(
+        cache, workers=1, threads=args.threads, cpus=build_cpus, timeout_s=timeout_s
+    ), measure_cpus
 
 
 def _job_started(study, args: argparse.Namespace) -> None:
     """What `partune status` shows of a running job: its model, budget and deadline."""
     import time
 
-    study.set_user_attr("model", os.path.abspath(args.model) if os.path.exists(args.model) else args.model)
+    study.set_user_attr(
+        "model", os.path.abspath(args.model) if os.path.exists(args.model) else args.model
+    )
     if args.input_shape:
         study.set_user_attr("input_shape", args.input_shape)
     if getattr(args, "disable_pass", None):  # export and explain rebuild the module the plan is for
@@ -257,7 +314,9 @@ def _job_started(study, args: argparse.Namespace) -> None:
     study.set_user_attr("started", time.time())
     study.set_user_attr("n_trials", args.refine_trials)
     study.set_user_attr("objective", args.objective)
-    study.set_user_attr("deadline", time.time() + parse_duration(args.timeout) if args.timeout else None)
+    study.set_user_attr(
+        "deadline", time.time() + parse_duration(args.timeout) if args.timeout else None
+    )
     study.set_user_attr("finished", None)
     study.set_user_attr("stopped", None)
 
@@ -278,8 +337,12 @@ def _start_workers(args: argparse.Namespace) -> list:
     helpers = []
     for _ in range(args.workers - 1):
         log = tempfile.TemporaryFile()
-        proc = subprocess.Popen([sys.executable, "-m", "partune.cli", *argv, "--worker"],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "partune.cli", *argv, "--worker"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         helpers.append((proc, log))
     return helpers
 
@@ -291,8 +354,12 @@ def _join_workers(helpers: list) -> list[str]:
         code = proc.wait()
         log.seek(0)
         tail = [ln for ln in log.read().decode(errors="replace").splitlines() if ln.strip()]
-        lines.append(tail[-1] if code == 0 and tail else f"worker {proc.pid} ended with exit code {code}: "
-                     + (tail[-1] if tail else "no output"))
+        lines.append(
+            tail[-1]
+            if code == 0 and tail
+            else f"worker {proc.pid} ended with exit code {code}: "
+            + (tail[-1] if tail else "no output")
+        )
     return lines
 
 
@@ -301,14 +368,19 @@ def _save_front(result, output: str) -> list[str]:
     if not result.front:
         return []
     stem = output[:-5] if output.endswith(".json") else output
-    lines = ["", "Pareto front of the refinement (latency vs peak memory; each variant in a fresh process):",
-             f"| {'plan file':<30} | {'best ms':>9} | {'peak MiB':>9} | backends |", "|" + "-" * 32 + "|" +
-             "-" * 11 + "|" + "-" * 11 + "|----------|"]
+    lines = [
+        "",
+        "Pareto front of the refinement (latency vs peak memory; each variant in a fresh process):",
+        f"| {'plan file':<30} | {'best ms':>9} | {'peak MiB':>9} | backends |",
+        "|" + "-" * 32 + "|" + "-" * 11 + "|" + "-" * 11 + "|----------|",
+    ]
     for i, (plan, m) in enumerate(result.front, 1):
         path = f"{stem}.front{i}.json"
         plan.save(path)
         mib = f"{m.peak_bytes / 2**20:9.1f}" if m.peak_bytes is not None else f"{'-':>9}"
-        lines.append(f"| {path[-30:]:<30} | {m.cost_s * 1e3:9.3f} | {mib} | {'+'.join(plan.backends)} |")
+        lines.append(
+            f"| {path[-30:]:<30} | {m.cost_s * 1e3:9.3f} | {mib} | {'+'.join(plan.backends)} |"
+        )
     return lines
 
 
@@ -355,7 +427,9 @@ class _Bars:
         self._clock(name)
         if self.bar is not None:
             self.bar.close()
-        self.bar = tqdm(total=total or None, desc=name, unit="run", file=sys.stderr, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=total or None, desc=name, unit="run", file=sys.stderr, dynamic_ncols=True
+        )
 
     def advance(self, status: str) -> None:
         if self.bar is not None:
@@ -394,8 +468,11 @@ def _load_cost_model(kept, required: bool = True):
     except (OSError, ValueError) as e:
         if required:
             raise PartuneError(f"cannot use {kept}: {e}") from None
-        print(f"partune: warning: {kept} cannot be used ({e}); this run measures every "
-              "candidate and trains a new one there", file=sys.stderr)
+        print(
+            f"partune: warning: {kept} cannot be used ({e}); this run measures every "
+            "candidate and trains a new one there",
+            file=sys.stderr,
+        )
         return None
 
 
@@ -408,13 +485,17 @@ def _update_cost_model(kept, cost_model, result, model) -> str:
     done = [(c, m) for c, m in result.trained if m.ok]
     if result.cost_model is not None:  # it learned this run's candidates during the search
         kept.save(result.cost_model)
-        return (f"cost model: {result.counts.skipped} candidates not measured (ranked out); {kept} updated "
-                f"in-run with this model's measurements")
+        return (
+            f"cost model: {result.counts.skipped} candidates not measured (ranked out); {kept} updated "
+            f"in-run with this model's measurements"
+        )
     if not done:
         return f"{kept}: nothing new to learn"
     x = np.stack([featurize(model.graph, c.subgraph.nodes, c.backend) for c, _ in done])
     y = np.array([m.cost_s for _, m in done])
     updated = (cost_model or XGBoostCostModel()).update(x, y)
     kept.save(updated)
-    return (f"cost model: {result.counts.skipped} candidates not measured (ranked out); "
-            f"{kept} updated with {len(done)} measurements")
+    return (
+        f"cost model: {result.counts.skipped} candidates not measured (ranked out); "
+        f"{kept} updated with {len(done)} measurements"
+    )
