@@ -26,6 +26,7 @@ test: $(STAMP)
 # module placed, no circles, no private names reached, modules and functions short.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q tests/test_architecture.py
 

@@ -55,8 +55,9 @@ class Backend(ABC):
     offered_by_default: ClassVar[bool] = True
     # Whether regions must be tuned (``tune_region``) before a measurement means anything.
     autotuned: ClassVar[bool] = False
-    # Whether ``build_region`` keeps what it builds in the build cache (``partune.backends.build_cache``)
-    # when one is active, so building it ahead of time (``partune.runners.build_pool``) pays.
+    # Whether ``build_region`` keeps what it builds in the build cache
+    # (``partune.backends.build_cache``) when one is active, so building it ahead of time
+    # (``partune.runners.build_pool``) pays.
     caches_builds: ClassVar[bool] = False
     # Whether the backend computes a region in bfloat16 by a real fast path of its library
     # (a bf16 SEScope); a backend without one is never offered bf16 scopes.

@@ -1,5 +1,5 @@
-"""Built regions kept on disk: a region is built once (ahead of time, by ``partune.runners.build_pool``)
-and where it is timed it is only loaded.
+"""Built regions kept on disk: a region is built once (ahead of time, by
+``partune.runners.build_pool``) and where it is timed it is only loaded.
 
 An entry is a directory ``<cache>/<key>/`` holding a backend's artefact files (a TVM shared
 library, an optimised ONNX model, an OpenVINO blob, plus what the kernel needs to bind its

@@ -417,7 +417,8 @@ class OpenVinoBackend(OnnxGraphBackend):
     def kernel(
         self, model: onnx.ModelProto, func: relax.Function, threads: int, precision: str = "f32"
     ) -> OvRegionKernel:
-        """Compile for the CPU plugin; a build worker stores the compiled blob (``export_model``)."""
+        """Compile for the CPU plugin; a build worker stores the compiled blob
+        (``export_model``)."""
         compiled = compile_onnx(model, threads, precision)
         kernel = OvRegionKernel(compiled, *ov_specs(model, func))
         entry = build_cache.current()

@@ -143,7 +143,8 @@ class OpCall:
             raise Unsupported(f"{self.call.op.name}: {why}")
 
     def dtypes_in(self, allowed: frozenset[str], *idx: int) -> None:
-        """The given arguments (default: all, which must be tensors) share one dtype from ``allowed``."""
+        """The given arguments (default: all, which must be tensors) share one dtype from
+        ``allowed``."""
         if not idx:
             self.need(
                 all(isinstance(a, relax.Var | GenericConst) for a in self.call.args),

@@ -84,7 +84,8 @@ def compile_module(
 
 
 def region_module(func: relax.Function) -> tvm.IRModule:
-    """A region as a module of its own, its function public as ``main`` (what gets built and tuned)."""
+    """A region as a module of its own, its function public as ``main`` (what gets built and
+    tuned)."""
     return tvm.IRModule({"main": _as_main(func)})
 
 
@@ -191,7 +192,8 @@ class TvmBackend(Backend):
     fusion_style = FusionStyle.TVM
     device_types = ("cpu", "cuda")
     caches_builds = True
-    bf16 = True  # matmuls and convolutions on bf16 operands (``partune.core.bf16``), TIR's bf16 lowering
+    # matmuls and convolutions on bf16 operands (``partune.core.bf16``), TIR's bf16 lowering
+    bf16 = True
 
     def __init__(self, database_dir: str | None = None) -> None:
         self.database_dir = database_dir

@@ -263,7 +263,8 @@ def _best_s(records: list) -> float | None:
 
 
 def extract_tasks(func: relax.Function, target: tvm.target.Target) -> list[ms.ExtractedTask]:
-    """The TIR tasks of a region, as the build will look them up (same lowering, ``lower_fused``)."""
+    """The TIR tasks of a region, as the build will look them up (same lowering,
+    ``lower_fused``)."""
     fused = lower_fused(region_module(func), target)
     tasks = ms.relax_integration.extract_tasks(fused, target)
     return [t for t in tasks if not t.dispatched[0].attrs.get("tirx.is_scheduled", False)]
@@ -469,7 +470,8 @@ def _tune_in_child(
     timeout_s: float | None,
     **options: Any,
 ) -> TuningReport:
-    """Run ``python -m partune.backends.tvm_tuning`` on the region; its death is a ``TuningError``."""
+    """Run ``python -m partune.backends.tvm_tuning`` on the region; its death is a
+    ``TuningError``."""
     with tempfile.TemporaryDirectory(prefix="partune-tune-") as tmp:
         module, report = os.path.join(tmp, "region.json"), os.path.join(tmp, "report.json")
         with open(module, "w") as f:
@@ -520,7 +522,8 @@ def _tune_in_child(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Tune one region saved with ``tvm.ir.save_json`` (an IRModule whose ``main`` is the region)."""
+    """Tune one region saved with ``tvm.ir.save_json`` (an IRModule whose ``main`` is the
+    region)."""
     p = argparse.ArgumentParser(
         prog="python -m partune.backends.tvm_tuning", description=main.__doc__
     )

@@ -56,7 +56,8 @@ def threads_label(threads: int) -> str:
 
 
 def variant_label(precision: str, threads: int | None) -> str:
-    """How a plan's name says what differs from f32 on the job's threads: "" or " (bf16, 1 thread)"."""
+    """How a plan's name says what differs from f32 on the job's threads: "" or " (bf16, 1
+    thread)"."""
     parts = ([precision] if precision != "f32" else []) + (
         [threads_label(threads)] if threads else []
     )

@@ -305,7 +305,8 @@ class DataflowGraph:
 
     @cached_property
     def key_parts(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """Per node, the JSON text its entry in a region key is made of (``keys.node_key_parts``)."""
+        """Per node, the JSON text its entry in a region key is made of
+        (``keys.node_key_parts``)."""
         return node_key_parts(self)
 
     @cached_property

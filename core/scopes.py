@@ -176,8 +176,9 @@ class SEScope:
 
     def __str__(self) -> str:
         tgt = self.target.get("kind") if self.target else "*"
+        vdev = self.virtual_device_id if self.virtual_device_id is not None else "*"
         return (
-            f"{self.backend or '*'}@{self.device_type or '*'}:{self.virtual_device_id if self.virtual_device_id is not None else '*'}"
+            f"{self.backend or '*'}@{self.device_type or '*'}:{vdev}"
             f"/{tgt}/{self.memory_scope or '*'}"
             + (f"/{self.precision}" if self.precision else "")
             + (f"/{self.threads}t" if self.threads else "")

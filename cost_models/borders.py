@@ -27,7 +27,8 @@ from partune.core import DataflowGraph, SubGraph
 
 
 def region_features(graph: DataflowGraph, nodes: Iterable[int]) -> np.ndarray:
-    """(1, bytes crossing the region's border, weight bytes it reads unless it is the whole model)."""
+    """(1, bytes crossing the region's border, weight bytes it reads unless it is the whole
+    model)."""
     sub = SubGraph.of(graph, nodes)
     border = sum(graph.nodes[p].out_bytes for p in (*sub.inputs, *sub.exits))
     # Timed alone in a loop, a region keeps its weights in cache; in the model the other

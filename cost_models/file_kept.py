@@ -1,4 +1,5 @@
-"""The cost model kept in a file: beside an SQLite store (``--cost-model auto``), or one the user names.
+"""The cost model kept in a file: beside an SQLite store (``--cost-model auto``), or one the user
+names.
 
 Same interface as ``partune.cost_models.storage_kept.StorageKeptModel``, so a search loads
 and saves its cost model without asking where it lives.

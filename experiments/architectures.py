@@ -74,7 +74,8 @@ def _conv_bn(
     act: type[nn.Module] | None = nn.ReLU,
     eps: float = 1e-5,
 ) -> nn.Sequential:
-    """Conv2d(bias=False) -> BatchNorm2d -> optional activation, torchvision's Conv2dNormActivation."""
+    """Conv2d(bias=False) -> BatchNorm2d -> optional activation, torchvision's
+    Conv2dNormActivation."""
     layers: list[nn.Module] = [
         nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
         nn.BatchNorm2d(cout, eps=eps),

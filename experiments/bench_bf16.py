@@ -116,7 +116,8 @@ def _ms(v: float | None) -> str:
 
 
 def _bf16_peer_cell(r: dict, prefix: str, tolerance: float) -> str:
-    """A bf16 peer's median and error, marked when over the budget ("-": not a peer of this model)."""
+    """A bf16 peer's median and error, marked when over the budget ("-": not a peer of this
+    model)."""
     v, errors = r["verdict"], r["rel_errors"]
     peer = next((p for p in r["peers"] if p.startswith(prefix)), None)
     if peer not in v:
@@ -179,8 +180,8 @@ def table(rows: list[dict], tolerance: float) -> str:
         geo = math.exp(sum(math.log(x) for x in ok) / len(ok))
         lines += [
             "",
-            f"geomean vs the fastest peer the budget allows, over {len(ok)} models: **{geo:.2f}x**; "
-            f"slowest {min(ok):.2f}x, fastest {max(ok):.2f}x",
+            f"geomean vs the fastest peer the budget allows, over {len(ok)} models: "
+            f"**{geo:.2f}x**; slowest {min(ok):.2f}x, fastest {max(ok):.2f}x",
         ]
     return "\n".join(lines)
 
@@ -223,16 +224,16 @@ def main(argv: list[str] | None = None) -> int:
             raw.write_text(json.dumps(rows, indent=1))
             Path(args.out).write_text(
                 f"# bf16 within a relative-error budget of {args.tolerance:g}\n\n"
-                f"{args.threads} thread(s), batch 1, backends {args.backends}, `partune tune --precision bf16 "
-                f"--tolerance {args.tolerance:g}`. All timings are medians of one interleaved verdict per model. "
-                "plan error: the emitted plan's relative error against f32 (worst output, on the model's inputs "
-                "and on a held-out seeded set). f32 plan: the fastest plan with no bf16 region (always a "
-                "finalist). openvino bf16: OpenVINO on the model's file with bf16 inference precision (its "
-                "default on CPUs with bf16); torch.compile bf16: the torch module (zoo models) under bf16 "
+                f"{args.threads} thread(s), batch 1, backends {args.backends}, `partune tune "
+                f"--precision bf16 --tolerance {args.tolerance:g}`. All timings are medians of one "
+                "interleaved verdict per model. plan error: the emitted plan's relative error "
+                "against f32 (worst output, on the model's inputs and on a held-out seeded set). "
+                "f32 plan: the fastest plan with no bf16 region (always a finalist). openvino "
+                "bf16: OpenVINO on the model's file with bf16 inference precision (its default on "
+                "CPUs with bf16); torch.compile bf16: the torch module (zoo models) under bf16 "
                 "autocast; each with its error; over the budget a peer is no bar. x best allowed "
-                "peer: against the fastest of the f32 peers and the bf16 peers within budget.\n\n"
-                + text
-                + "\n"
+                "peer: against the fastest of the f32 peers and the bf16 peers within "
+                "budget.\n\n" + text + "\n"
             )
     return 0
 

@@ -98,9 +98,9 @@ def table(results: list[dict]) -> str:
         lines += [
             f"### {res['model']} ({res['measured']})",
             "",
-            "| --timeout | wall min | measurements made | tuned (regions, trials, s) | refinement trials | "
-            "emitted plan | plan ms (interleaved) | x the shorter budgets' best | x best peer (verdict) | "
-            "time by phase | at |",
+            "| --timeout | wall min | measurements made | tuned (regions, trials, s) "
+            "| refinement trials | emitted plan | plan ms (interleaved) "
+            "| x the shorter budgets' best | x best peer (verdict) | time by phase | at |",
             "|" + "---|" * 11,
         ]
         best = None
@@ -116,9 +116,9 @@ def table(results: list[dict]) -> str:
             tuned = ", ".join(map(str, r["tuning"])) if r["tuning"] else "-"
             trials = f"{r['refine_trials']}" + (" (converged)" if r["converged"] else "")
             lines.append(
-                f"| {r['budget']} | {r['wall_s'] / 60:.1f} | {r['measurements']} | {tuned} | {trials} | "
-                f"{r['plan']} | {ms * 1e3:.3f} | {vs} | "
-                f"{r['speedup']:.2f}x {r['best_peer']} | {r['phases']} | {r.get('at', '')} |"
+                f"| {r['budget']} | {r['wall_s'] / 60:.1f} | {r['measurements']} | {tuned} | "
+                f"{trials} | {r['plan']} | {ms * 1e3:.3f} | {vs} | {r['speedup']:.2f}x "
+                f"{r['best_peer']} | {r['phases']} | {r.get('at', '')} |"
                 if ms
                 else ""
             )
@@ -157,13 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".json").write_text(json.dumps(results, indent=1))
     out.write_text(
         "# Plan quality against time budget\n\n"
-        "`experiments/bench_budget.py`: one store per model, `partune tune MODEL --timeout B` for each budget, "
-        "shortest first (defaults: all four backends, 1 thread, the peers on), so that a shorter budget's "
-        "plan competes in a longer one's verdict; then every emitted plan timed against the others in one "
-        "process, interleaved (medians of 21 rounds; a budget that emitted the same plan as a shorter one shares its timing). *x the shorter budgets' best* above 1: the longer "
-        f"budget's plan is faster; it should never be below {1 / SLOWER_AT_MOST:.2f}.\n\n"
-        + text
-        + "\n"
+        "`experiments/bench_budget.py`: one store per model, `partune tune MODEL --timeout B` for "
+        "each budget, shortest first (defaults: all four backends, 1 thread, the peers on), so "
+        "that a shorter budget's plan competes in a longer one's verdict; then every emitted plan "
+        "timed against the others in one process, interleaved (medians of 21 rounds; a budget "
+        "that emitted the same plan as a shorter one shares its timing). *x the shorter budgets' "
+        "best* above 1: the longer budget's plan is faster; it should never be below "
+        f"{1 / SLOWER_AT_MOST:.2f}.\n\n" + text + "\n"
     )
     return 0
 

@@ -1,7 +1,7 @@
 """Does building ahead pay? Candidate measuring with and without a build pool.
 
-For each model: the candidates ``partune.search.collage`` measures (``enumerate_candidates`` over the
-backends, ``schedulable``, small regions first, deduplicated by candidate key), or an
+For each model: the candidates ``partune.search.collage`` measures (``enumerate_candidates`` over
+the backends, ``schedulable``, small regions first, deduplicated by candidate key), or an
 evenly spread sample of them (``--sample``) or the first N (``--limit``). Each is measured
 as ``tune``'s ``measure_candidates`` does: ``region_request`` with the model's captured
 values and ``CANDIDATE_PROTOCOL``, ``store.obtain`` on a fresh MeasurementStore, one
@@ -289,17 +289,19 @@ def write(rows: list[dict], args) -> None:
     lines = [
         "# Build pool: candidates built ahead of time, beside the measuring worker",
         "",
-        f"{os.cpu_count()} cores ({cpu}); measuring worker pinned to the last core, the script making "
-        f"the requests unpinned, {args.workers} build worker(s) on the other core(s), lookahead "
-        f"window {args.window}; 1 thread per backend; candidates in tune's order, measured with "
-        "CANDIDATE_PROTOCOL on the model's captured values, each arm on a fresh store (the pool on a "
-        f"fresh build cache). Arms interleaved in blocks of {args.block} candidates, their order rotated "
-        "per block; wall = the sum of an arm's blocks. speed-up = serial wall / arm wall. "
-        "cost ratio = arm's cost (fastest sample) / serial arm's cost, per candidate: 'serial again' "
-        "shows run-to-run noise, 'pool' adds whatever the pool disturbs.",
+        f"{os.cpu_count()} cores ({cpu}); measuring worker pinned to the last core, the script "
+        f"making the requests unpinned, {args.workers} build worker(s) on the other core(s), "
+        f"lookahead window {args.window}; 1 thread per backend; candidates in tune's order, "
+        "measured with CANDIDATE_PROTOCOL on the model's captured values, each arm on a fresh "
+        f"store (the pool on a fresh build cache). Arms interleaved in blocks of {args.block} "
+        "candidates, their order rotated per block; wall = the sum of an arm's blocks. speed-up = "
+        "serial wall / arm wall. cost ratio = arm's cost (fastest sample) / serial arm's cost, "
+        "per candidate: 'serial again' shows run-to-run noise, 'pool' adds whatever the pool "
+        "disturbs.",
         "",
         "| model | candidates | arm | wall s | speed-up | build s in measurer | served by pool | "
-        "cost ratio to serial: p5 / median / p95 (geomean; share within 10%) | 1-min load min/max |",
+        "cost ratio to serial: p5 / median / p95 (geomean; share within 10%) "
+        "| 1-min load min/max |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -2,13 +2,15 @@
 
 For a held-out model (a zoo name, or an architecture of ``experiments/architectures.py``
 exported to ONNX as the benchmark does): train the cost model on the other benchmark
-models' measurements in a store (``partune costmodel eval --models ... --save``), then tune the held-out model
-twice on fresh stores — measuring everything, and with ``--cost-model`` — and time the
-two emitted plans against each other in one process, interleaved. Writes
+models' measurements in a store (``partune costmodel eval --models ... --save``), then tune the
+held-out model twice on fresh stores — measuring everything, and with ``--cost-model`` — and time
+the two emitted plans against each other in one process, interleaved. Writes
 experiments/results/cost_model_search.md.
 
-    python experiments/bench_cost_model.py --store sqlite:///experiments/results/measurements.db vit-small
-    python experiments/bench_cost_model.py --store ... --out cost_model_search_exports.md distilbert efficientnet
+    python experiments/bench_cost_model.py \\
+        --store sqlite:///experiments/results/measurements.db vit-small
+    python experiments/bench_cost_model.py --store ... --out cost_model_search_exports.md \\
+        distilbert efficientnet
 """
 
 from __future__ import annotations

@@ -59,8 +59,8 @@ def report(rows: list, threads: int) -> str:
         "# Headroom: the most any f32 plan could gain over the faster library",
         "",
         f"{threads} thread(s), batch 1, the legacy export of each architecture, measured as "
-        "`partune headroom FILE` does (`partune/headroom.py` defines the columns): bar = the faster "
-        "of onnxruntime and OpenVINO on the file, timed interleaved; floor = the model's "
+        "`partune headroom FILE` does (`partune/headroom.py` defines the columns): bar = the "
+        "faster of onnxruntime and OpenVINO on the file, timed interleaved; floor = the model's "
         "convolution and matmul FLOPs at this core's f32 GEMM peak (OpenVINO's [512x2048] @ "
         "[2048x2048]); ceiling = bar / floor; rest free = bar / OpenVINO's time in its GEMM "
         "kernels, where OpenVINO is the bar; bound = the smaller. plan: the emitted plan vs the "

@@ -1,4 +1,5 @@
-"""The default search against the exhaustive one on the scaling subjects: what the cost model costs in plan quality.
+"""The default search against the exhaustive one on the scaling subjects: what the cost model costs
+in plan quality.
 
 The default search ranks candidates with the cost model kept beside its store and measures
 the promising ones; ``--cost-model off`` measures every candidate. On a fresh store the two are
@@ -130,12 +131,14 @@ def main(argv: list[str] | None = None) -> int:
 HEADER = f"""# The default search against the exhaustive one
 
 `experiments/bench_pruning.py` on the scaling subjects (BERT-768 encoders, seq 128; a full-size
-ResNet-50 and EfficientNet-B0), all four backends, 1 thread, `--peers none`. *exhaustive*: `--cost-model off` on a
+ResNet-50 and EfficientNet-B0), all four backends, 1 thread, `--peers none`. *exhaustive*: \
+`--cost-model off` on a
 fresh store, every candidate measured. *default*: the default search (`--cost-model auto`) on a
 copy of the benchmark's store ({STORE.relative_to(ROOT)}, its cost model beside it; the subject is
 in neither), as for a user who tuned other models before. Regions a subject shares with a benchmark
 model are read from that store: EfficientNet-B0's default search reused 543 measurements of the
-benchmark's 0.75-width efficientnet, the BERT subjects 36 and ResNet-50 21. Plans timed in one process,
+benchmark's 0.75-width efficientnet, the BERT subjects 36 and ResNet-50 21. Plans timed in one \
+process,
 interleaved (21 rounds, medians); the goal is *default / exhaustive* at most {WITHIN}.
 
 """

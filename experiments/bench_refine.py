@@ -103,8 +103,8 @@ def write(rows: list[dict]) -> None:
         f"1 thread, batch 1; medians of {ROUNDS} interleaved rounds; TPE unless noted. "
         "ratio = DP median / refined median (above 1: refinement helped).",
         "",
-        "| model | trials | DP plan ms | refined ms | best single (ms) | onnxruntime ms | DP / refined | "
-        "search s | deployed (fresh process) |",
+        "| model | trials | DP plan ms | refined ms | best single (ms) | onnxruntime ms "
+        "| DP / refined | search s | deployed (fresh process) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -119,8 +119,8 @@ def write(rows: list[dict]) -> None:
         refined = f"{ref:.3f}" if ref else f"DP plan ({r['trials']} variants, none faster)"
         dep = "; ".join(r["deployed"])
         lines.append(
-            f"| {r['model']} | {r['trials']} | {dp:.3f} | {refined} | "
-            f"{r['best_single']} ({single:.3f}) | {peer:.3f} | {ratio} | {r['search_s']:.0f} | {dep} |"
+            f"| {r['model']} | {r['trials']} | {dp:.3f} | {refined} | {r['best_single']} "
+            f"({single:.3f}) | {peer:.3f} | {ratio} | {r['search_s']:.0f} | {dep} |"
         )
     for r in rows:
         if r["front"]:

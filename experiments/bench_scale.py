@@ -39,8 +39,8 @@ ORDER = ["bert_l2", "bert_l6", "bert_l12", "bert_l24", "resnet50", "efficientnet
 
 
 def _count(path: str, flags: list[str], backends: str) -> dict:
-    """Nodes, candidates and distinct candidate keys of the model, as ``partune tune`` enumerates them
-    (in a process of its own, so the model's memory is not the benchmark's)."""
+    """Nodes, candidates and distinct candidate keys of the model, as ``partune tune`` enumerates
+    them (in a process of its own, so the model's memory is not the benchmark's)."""
     code = (
         "import json, sys\n"
         "from partune.backends import registry\n"
@@ -50,12 +50,15 @@ def _count(path: str, flags: list[str], backends: str) -> dict:
         "from partune.frontend.models import load\n"
         "from partune.search.candidates import enumerate_candidates\n"
         "from partune.search.dp import schedulable\n"
-        "path, shapes, backends = sys.argv[1], sys.argv[2].split(';') if sys.argv[2] else [], sys.argv[3].split(',')\n"
+        "path, shapes, backends = sys.argv[1], sys.argv[2].split(';') if sys.argv[2] else [], "
+        "sys.argv[3].split(',')\n"
         "m = load(path, parse_input_shapes(shapes))\n"
         "config = CompilationConfig.for_cpu(backends, 1)\n"
-        "cands = [c for c in enumerate_candidates(m.mod, m.graph, config, m.pins) if schedulable(c)]\n"
+        "cands = [c for c in enumerate_candidates(m.mod, m.graph, config, m.pins) if "
+        "schedulable(c)]\n"
         "keys = {candidate_key(m.graph, c.subgraph.nodes, c.scope) for c in cands}\n"
-        "print(json.dumps({'nodes': len(m.graph), 'candidates': len(cands), 'keys': len(keys)}))\n"
+        "print(json.dumps({'nodes': len(m.graph), 'candidates': len(cands), 'keys': "
+        "len(keys)}))\n"
     )
     shapes = ";".join(flags[i + 1] for i in range(0, len(flags), 2))
     done = subprocess.run(
@@ -234,7 +237,8 @@ def phases(rows: list[dict]) -> list[str]:
     return lines
 
 
-KEPT = "## Where the time goes"  # a section written by hand (profiles): kept when the table is rewritten
+# a section written by hand (profiles): kept when the table is rewritten
+KEPT = "## Where the time goes"
 
 
 def _kept(path: Path) -> str:
@@ -322,7 +326,8 @@ search-process RSS per layer today, bert_l24 needs more than this 23 GB machine)
 
     nice -n 19 .venv/bin/python experiments/bench_scale.py bert_l12 bert_l24 resnet50 --warm
 
-Each row replaces an earlier row of the same model; `--peers onnxruntime,openvino` fills the last column.
+Each row replaces an earlier row of the same model; `--peers onnxruntime,openvino` fills the last \
+column.
 """
 
 

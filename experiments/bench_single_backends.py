@@ -46,7 +46,10 @@ def main() -> int:
     report = [
         f"# Single-backend plans vs peers ({time.strftime('%Y-%m-%d')})",
         "",
-        f"CPU: {cpu}, {os.cpu_count()} cores, {args.threads} thread(s); batch 1; median of 7 samples.",
+        (
+            f"CPU: {cpu}, {os.cpu_count()} cores, {args.threads} thread(s); batch 1; median of 7 "
+            "samples."
+        ),
         "",
     ]
     for name in args.models:

@@ -333,7 +333,10 @@ def table(rows: list[dict], before: dict[int, dict] | None) -> list[str]:
         return format(v * scale, fmt) + ratio
 
     head = [
-        "| measurements | open ms | first open ms | hit µs | miss ms | refresh ms (rows read) | RSS after open MB | peak RSS MB |",
+        (
+            "| measurements | open ms | first open ms | hit µs | miss ms | refresh ms (rows read) "
+            "| RSS after open MB | peak RSS MB |"
+        ),
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     out = []
@@ -356,8 +359,8 @@ def table(rows: list[dict], before: dict[int, dict] | None) -> list[str]:
             else:
                 out.append(
                     f"| (before) | {b['open_s'] * 1e3:.0f} |  | {b['hit_s'] * 1e6:.1f} | "
-                    f"{b['miss_s'] * 1e3:.1f} | {b['refresh_s'] * 1e3:.2f} ({b['refresh_rows']:.0f}) | "
-                    f"{b['rss_open_mb']:.0f} | {b['peak_rss_mb']:.0f} |"
+                    f"{b['miss_s'] * 1e3:.1f} | {b['refresh_s'] * 1e3:.2f} "
+                    f"({b['refresh_rows']:.0f}) | {b['rss_open_mb']:.0f} | {b['peak_rss_mb']:.0f} |"
                 )
     return head + out
 
@@ -428,18 +431,23 @@ def main() -> int:
     lines = [
         "# The measurement store at fleet size (issue 19, part 3)",
         "",
-        f"`python experiments/bench_store.py` on {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
-        f"Python {platform.python_version()}, run under `nice -n 19` beside another benchmark. "
-        f"Each size: {args.repeat} fresh processes open the store and time it (the median of their medians, "
-        "the largest memory); ratios are against the empty store. "
-        f"Hit: `obtain()` of a stored key, its first look in the process (median of {HITS}); "
-        f"miss: `obtain()` of a new key, which claims, takes (at once) and stores it (median of {MISSES}); "
-        f"refresh: `refresh()` after another writer stored {WRITTEN_PER_REFRESH} (median of {REFRESHES}). "
-        "First open: the first open by this Partune of a store written before it (it adds an index). "
-        f'Every {FAIL_EVERY}th measurement is a failure; "empty" holds the {EMPTY_ROWS} rows the hits come from. '
-        f"Each process may map {args.memory_limit_gb:g} GB (a store that loads everything fails: MemoryError)."
+        f"`python experiments/bench_store.py` on {os.cpu_count()} cores "
+        f"({platform.processor() or platform.machine()}), Python {platform.python_version()}, run "
+        f"under `nice -n 19` beside another benchmark. Each size: {args.repeat} fresh processes "
+        "open the store and time it (the median of their medians, the largest memory); ratios are "
+        "against the empty store. Hit: `obtain()` of a stored key, its first look in the process "
+        f"(median of {HITS}); miss: `obtain()` of a new key, which claims, takes (at once) and "
+        f"stores it (median of {MISSES}); refresh: `refresh()` after another writer stored "
+        f"{WRITTEN_PER_REFRESH} (median of {REFRESHES}). First open: the first open by this "
+        f"Partune of a store written before it (it adds an index). Every {FAIL_EVERY}th "
+        f'measurement is a failure; "empty" holds the {EMPTY_ROWS} rows the hits come from. Each '
+        f"process may map {args.memory_limit_gb:g} GB (a store that loads everything fails: "
+        "MemoryError)."
         + (
-            ' Rows "(before)": the same benchmark, run earlier on the code before a change (`--before`).'
+            (
+                ' Rows "(before)": the same benchmark, run earlier on the code before a change '
+                "(`--before`)."
+            )
             if before
             else ""
         ),

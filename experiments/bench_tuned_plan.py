@@ -5,7 +5,8 @@ default schedules): same partitioning, same libraries, only the schedules differ
 are built and timed in this process, in interleaved rounds, with onnxruntime on the
 model's ONNX export beside them, and written to experiments/results/tuned_plan.md.
 
-    python experiments/bench_tuned_plan.py gpt2-small experiments/results/gpt2-small.tuned.plan.json \\
+    python experiments/bench_tuned_plan.py gpt2-small \\
+        experiments/results/gpt2-small.tuned.plan.json \\
         --tuning-database experiments/results/measurements.tuning
 """
 

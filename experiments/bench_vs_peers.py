@@ -190,7 +190,10 @@ def table(rows: list[dict]) -> str:
         ]
         if tuning:
             cells += [
-                f"{r.get('tuned_regions', 0)} ({r.get('tuning_trials', 0)}, {r.get('tuning_s', 0)})",
+                (
+                    f"{r.get('tuned_regions', 0)} "
+                    f"({r.get('tuning_trials', 0)}, {r.get('tuning_s', 0)})"
+                ),
                 str(r.get("tuned_regions_in_plan", 0)),
             ]
         cells.append(r.get("measured", "-"))
@@ -230,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         "--exporter",
         choices=("legacy", "dynamo"),
         default="legacy",
-        help="how the architectures are exported (dynamo: torch's default; OpenVINO cannot read some)",
+        help=(
+            "how the architectures are exported (dynamo: torch's default; OpenVINO cannot read "
+            "some)"
+        ),
     )
     p.add_argument("--tune-budget", help="auto-tune TVM regions for this long per model (e.g. 4m)")
     p.add_argument(
@@ -279,22 +285,22 @@ def main(argv: list[str] | None = None) -> int:
                 "# Emitted plan vs the best peer, interleaved rounds"
                 + (" (held-out architectures)" if args.held_out else "")
                 + "\n\n"
-                f"{args.threads} thread(s) ({'one process' if args.threads == 1 else 'a process a contender'}), "
-                f"batch 1, backends {args.backends}"
+                f"{args.threads} thread(s) "
+                f"({'one process' if args.threads == 1 else 'a process a contender'}), batch 1, "
+                f"backends {args.backends}"
                 + (
-                    f" + tvm-tuned (MetaSchedule, {args.tune_budget} per model, {args.tune_trials} trials a "
-                    "region)"
+                    f" + tvm-tuned (MetaSchedule, {args.tune_budget} per model, {args.tune_trials} "
+                    "trials a region)"
                     if args.tune_budget
                     else ""
                 )
-                + "; peers: onnxruntime and OpenVINO (f32, latency "
-                "hint) on the model as given (the .onnx file; a torch.onnx.export for zoo models) and "
-                "torch.compile where a torch module exists; 'unavailable': the peer could not read "
-                "the model. An emitted plan named after a peer is the model's own file under that "
-                "library (no partitioned plan beat it). Ratios are medians over interleaved rounds of each round's fastest repeat; x best peer > 1 means the "
-                "plan is faster. DP est. error: the DP's estimate against its plan measured end to end.\n\n"
-                + text
-                + "\n"
+                + "; peers: onnxruntime and OpenVINO (f32, latency hint) on the model as given "
+                "(the .onnx file; a torch.onnx.export for zoo models) and torch.compile where a "
+                "torch module exists; 'unavailable': the peer could not read the model. An "
+                "emitted plan named after a peer is the model's own file under that library (no "
+                "partitioned plan beat it). Ratios are medians over interleaved rounds of each "
+                "round's fastest repeat; x best peer > 1 means the plan is faster. DP est. error: "
+                "the DP's estimate against its plan measured end to end.\n\n" + text + "\n"
             )
     return 0
 

@@ -133,7 +133,8 @@ def store_state(url: str) -> StoreState:
 
 
 def settled(url: str, model: Path, tmp: Path, reference: StoreState) -> tuple[bool, int, int, str]:
-    """Resume the job to its end, run it once more, and judge the store: (survived, lost, repeated, note)."""
+    """Resume the job to its end, run it once more, and judge the store: (survived, lost, repeated,
+    note)."""
     first = run(tune_cmd(model, url, tmp / "resumed.json"))
     again = run(tune_cmd(model, url, tmp / "again.json"))
     state = store_state(url)
@@ -155,7 +156,8 @@ def settled(url: str, model: Path, tmp: Path, reference: StoreState) -> tuple[bo
     )
     note = (
         f"resumed rc {first.returncode}; rerun measured nothing: {quiet}; same plan: {same}; "
-        f"RUNNING trials {state.running}; claims in progress {state.in_progress}; stored failures {len(state.failed)}"
+        f"RUNNING trials {state.running}; claims in progress {state.in_progress}; stored failures "
+        f"{len(state.failed)}"
     )
     if first.returncode:
         note += f"; {first.stderr.strip().splitlines()[-1][:160] if first.stderr.strip() else ''}"
@@ -232,7 +234,8 @@ def database_outage(
 
 
 def export_kills(model: Path, tmp: Path, rng: random.Random, rounds: int = 3) -> Outcome:
-    """SIGKILL during `partune export`: the last deployment still loads; the next export clears up."""
+    """SIGKILL during `partune export`: the last deployment still loads; the next export clears
+    up."""
     from partune.core.plan import Plan
 
     plan, out = tmp / "resumed.json", tmp / "deploy"
@@ -266,8 +269,8 @@ def export_kills(model: Path, tmp: Path, rng: random.Random, rounds: int = 3) ->
         survived if ok else 0,
         0,
         0,
-        f"the last deployment ran after each kill: {survived}/{rounds}; leftovers after the next export: "
-        f"{len(leftovers)}",
+        f"the last deployment ran after each kill: {survived}/{rounds}; leftovers after the next "
+        f"export: {len(leftovers)}",
     )
 
 
@@ -340,10 +343,11 @@ def main(argv: list[str] | None = None) -> int:
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     text = (
         f"# Fault campaign (seed {args.seed}, {time.monotonic() - started:.0f} s)\n\n"
-        f"`python experiments/faults.py --seed {args.seed} --kills {args.kills}`: a 4-layer MLP ONNX file, "
-        f"backends tvm,onnxruntime, refinement 4 trials, PostgreSQL 15 on loopback. The uninterrupted run took "
-        f"{ref_s:.0f} s and measured {len(reference.regions)} candidate keys; 'lost' counts those missing after "
-        "the faulted job was resumed, 'repeated' the keys stored twice.\n\n" + table(rows) + "\n"
+        f"`python experiments/faults.py --seed {args.seed} --kills {args.kills}`: a 4-layer MLP "
+        "ONNX file, backends tvm,onnxruntime, refinement 4 trials, PostgreSQL 15 on loopback. The "
+        f"uninterrupted run took {ref_s:.0f} s and measured {len(reference.regions)} candidate "
+        "keys; 'lost' counts those missing after the faulted job was resumed, 'repeated' the keys "
+        "stored twice.\n\n" + table(rows) + "\n"
     )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "faults.md").write_text(text)

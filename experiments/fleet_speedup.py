@@ -6,7 +6,8 @@ settings for every N. The time to the last worker's end is compared with N = 1; 
 worker's share of the candidate measurements is reported, and where the last worker's
 time went (``partune tune`` prints its time by phase).
 
-    python experiments/fleet_speedup.py [--workers 1 2 3] [--models mlp resnet50-small] [--layers 8] [--repeats 3]
+    python experiments/fleet_speedup.py [--workers 1 2 3] [--models mlp resnet50-small] \\
+        [--layers 8] [--repeats 3]
 
 Models: ``mlp`` (an MLP ONNX file of ``--layers`` identical layers: few distinct candidates,
 so the part of the search every worker goes through whatever N dominates it) and zoo names,
@@ -268,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append(one_search(pg, model, n, tmp, run))
                     r = runs[-1]
                     print(
-                        f"{name} N={n}: {r['wall']:.0f} s, candidates per worker {r['share']}, last worker "
-                        f"{ {k: round(v, 1) for k, v in r['phases'].items()} }, CPU s "
+                        f"{name} N={n}: {r['wall']:.0f} s, candidates per worker {r['share']}, "
+                        f"last worker { {k: round(v, 1) for k, v in r['phases'].items()} }, CPU s "
                         f"{ {k: round(v) for k, v in r['cpu'].items()} }",
                         flush=True,
                     )
@@ -284,12 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"# One search, N workers and N loopback devices ({cores} cores)",
         "",
-        f"`python experiments/fleet_speedup.py --workers {' '.join(map(str, args.workers))} --models "
-        f"{' '.join(args.models)} --layers {args.layers} --repeats {args.repeats}`: each model as an ONNX "
-        f"file, `{' '.join(SETTINGS)}`, the same for every N; one fresh PostgreSQL database per search; "
-        f"of {args.repeats} search(es) per N, the one of median wall time. Devices, workers, the tracker and "
-        'PostgreSQL share this machine\'s cores; CPU s "other" is what the rest of the machine (the '
-        "tracker included) used meanwhile.",
+        f"`python experiments/fleet_speedup.py --workers {' '.join(map(str, args.workers))} "
+        f"--models {' '.join(args.models)} --layers {args.layers} --repeats {args.repeats}`: each "
+        f"model as an ONNX file, `{' '.join(SETTINGS)}`, the same for every N; one fresh "
+        f"PostgreSQL database per search; of {args.repeats} search(es) per N, the one of median "
+        "wall time. Devices, workers, the tracker and PostgreSQL share this machine's cores; CPU "
+        's "other" is what the rest of the machine (the tracker included) used meanwhile.',
         "",
     ]
     for name, rows in results.items():

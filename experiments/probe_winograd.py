@@ -97,8 +97,9 @@ def main() -> None:
         error = float(np.abs(want - got).max() / np.abs(want).max())
         d, wg = timed["direct"].median_s, timed["winograd"].median_s
         lines.append(
-            f"| {c} -> {k} | {size} x {size} | {d * 1e3:.3f} | {2 * 9 * c * k * size * size / d / 1e9:.0f} "
-            f"| {wg * 1e3:.3f} | {d / wg:.2f}x | {error:.1e} |"
+            f"| {c} -> {k} | {size} x {size} | {d * 1e3:.3f} | "
+            f"{2 * 9 * c * k * size * size / d / 1e9:.0f} | {wg * 1e3:.3f} | {d / wg:.2f}x | "
+            f"{error:.1e} |"
         )
         print(lines[-1], flush=True)
     out = ROOT / "experiments" / "results" / "winograd.md"

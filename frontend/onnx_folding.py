@@ -185,7 +185,8 @@ def _shape_infer_without_weights(infer):
         )
 
     def run(model):
-        trim()  # the round before's copies, freed: each round grew the import by ~0.1 GB at 6 BERT layers
+        # the round before's copies, freed: each round grew the import by ~0.1 GB at 6 BERT layers
+        trim()
         g = model.graph
         light = helper.make_model(
             helper.make_graph(

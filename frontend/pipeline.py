@@ -71,7 +71,8 @@ class PassRun:
 
 @tvm.instrument.pass_instrument
 class _Timer:
-    """Wall time of each pipeline pass (outermost run only: a pass may call TVM's of the same name)."""
+    """Wall time of each pipeline pass (outermost run only: a pass may call TVM's of the same
+    name)."""
 
     def __init__(self, names: Iterable[str]) -> None:
         self.names = set(names)

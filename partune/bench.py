@@ -110,8 +110,8 @@ def format_table(rows: list[BenchRow]) -> str:
     ok = [r for r in rows if r.failure is None]
     best = min((r.median_ms for r in ok), default=float("nan"))
     head = (
-        f"| {'contender':<30} | {'kind':<4} | {'median ms':>9} | {'best ms':>9} | {'IQR ms':>7} | {'CPU ms':>8} "
-        f"| {'max abs err':>11} | {'x fastest':>9} |"
+        f"| {'contender':<30} | {'kind':<4} | {'median ms':>9} | {'best ms':>9} | {'IQR ms':>7} | "
+        f"{'CPU ms':>8} | {'max abs err':>11} | {'x fastest':>9} |"
     )
     lines = [head, "|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|"]
     for r in sorted(rows, key=lambda r: (r.failure is not None, r.median_ms)):
@@ -119,7 +119,7 @@ def format_table(rows: list[BenchRow]) -> str:
             lines.append(f"| {r.name:<30} | {r.kind:<4} | failed: {r.failure} | | | | | |")
             continue
         lines.append(
-            f"| {r.name:<30} | {r.kind:<4} | {r.median_ms:9.3f} | {r.best_ms:9.3f} | {r.spread_ms:7.3f} | "
-            f"{r.cpu_ms:8.3f} | {r.error:11.2e} | {r.median_ms / best:9.2f} |"
+            f"| {r.name:<30} | {r.kind:<4} | {r.median_ms:9.3f} | {r.best_ms:9.3f} | "
+            f"{r.spread_ms:7.3f} | {r.cpu_ms:8.3f} | {r.error:11.2e} | {r.median_ms / best:9.2f} |"
         )
     return "\n".join(lines)

@@ -102,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--input",
         action="append",
         metavar="X.npy",
-        help="for a deploy directory: an input array (repeat per input; default: the example inputs)",
+        help=(
+            "for a deploy directory: an input array (repeat per input; default: the example inputs)"
+        ),
     )
     r.add_argument(
         "--output", metavar="PREFIX", help="for a deploy directory: save outputs as PREFIX_i.npy"
@@ -270,17 +272,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="auto|FILE|off",
         default="auto",
         help="rank candidates with an XGBoost cost model so fewer are measured. auto (the "
-        "default): the one kept beside an SQLite storage (PLAN_DB.costmodel.json; in a "
-        "PostgreSQL storage, inside it, shared by its workers); FILE: that one (see `partune costmodel eval "
-        "--save`); off: measure every candidate. Of the candidates not yet stored, the "
-        "one it predicts cheapest at each DP frontier (the candidates starting at one "
-        "node) is measured up front, plus 5%% of all the others drawn at random; the "
-        "model is refit on them, and the DP prices the rest by prediction, measuring any "
-        "predicted region it picks before a plan is built on it. Where the file does not "
-        "exist yet, every candidate is measured and the model is created from them; every "
-        "run teaches it what it measured. On three exports it was trained without "
-        "(experiments/results/cost_model_search_exports.md) it measured 1.5x-3.7x fewer "
-        "candidates for plans within 0.3%% of measuring everything",
+        "default): the one kept beside an SQLite storage (PLAN_DB.costmodel.json; in a PostgreSQL "
+        "storage, inside it, shared by its workers); FILE: that one (see `partune costmodel eval "
+        "--save`); off: measure every candidate. Of the candidates not yet stored, the one it "
+        "predicts cheapest at each DP frontier (the candidates starting at one node) is measured "
+        "up front, plus 5%% of all the others drawn at random; the model is refit on them, and "
+        "the DP prices the rest by prediction, measuring any predicted region it picks before a "
+        "plan is built on it. Where the file does not exist yet, every candidate is measured and "
+        "the model is created from them; every run teaches it what it measured. On three exports "
+        "it was trained without (experiments/results/cost_model_search_exports.md) it measured "
+        "1.5x-3.7x fewer candidates for plans within 0.3%% of measuring everything",
     )
     t.add_argument(
         "--precision",
@@ -508,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         last = (str(e).strip().splitlines() or [""])[-1][:300]
         print(
-            f"partune: internal error: {type(e).__name__}: {last} (PARTUNE_DEBUG=1 shows the traceback)",
+            f"partune: internal error: {type(e).__name__}: {last} "
+            "(PARTUNE_DEBUG=1 shows the traceback)",
             file=sys.stderr,
         )
         return 1

@@ -68,7 +68,8 @@ class Deployed:
         return lambda: main(*args)
 
     def _checked(self, inputs) -> list[np.ndarray]:
-        """``inputs`` as contiguous arrays, once they match the manifest's names, shapes and dtypes."""
+        """``inputs`` as contiguous arrays, once they match the manifest's names, shapes and
+        dtypes."""
         want = self.manifest["inputs"]
         if len(inputs) != len(want):
             raise DeployError(

@@ -140,7 +140,8 @@ class Explanation:
 
 
 def read_measurements(storage: str, device: str) -> dict[str, Measurement] | None:
-    """Every measurement of ``device`` in ``storage``, the latest per key; None when it holds none."""
+    """Every measurement of ``device`` in ``storage``, the latest per key; None when it holds
+    none."""
     import optuna
 
     from partune.store import STUDY_PREFIX
@@ -233,7 +234,8 @@ def _refused(
 def _candidate(
     graph: DataflowGraph, nodes: tuple[int, ...], scope: SEScope, ev: Evidence
 ) -> CandidateFact:
-    """What one backend did with exactly ``nodes``; the reason is filled in once the winner is known."""
+    """What one backend did with exactly ``nodes``; the reason is filled in once the winner is
+    known."""
     b = scope.backend or "?"
     name = scope_name(scope)
     key = candidate_key(graph, nodes, scope)
@@ -270,7 +272,10 @@ def _time(seconds: float | None) -> str:
 
 def _refusal(refused: dict[str, list[int]], limit: int = 3) -> str:
     parts = [
-        f"{op} (node{'s' if len(ns) > 1 else ''} {', '.join(map(str, ns[:4]))}{', ...' if len(ns) > 4 else ''})"
+        (
+            f"{op} (node{'s' if len(ns) > 1 else ''} "
+            f"{', '.join(map(str, ns[:4]))}{', ...' if len(ns) > 4 else ''})"
+        )
         for op, ns in list(refused.items())[:limit]
     ]
     more = f" and {len(refused) - limit} more ops" if len(refused) > limit else ""
@@ -286,11 +291,14 @@ def _reason(c: CandidateFact, winner: CandidateFact | None, ev: Evidence) -> str
     if c.status == UNMEASURED and c.backend in ev.autotuned:
         return "not tuned: the tuning budget went to regions the DP was likelier to use"
     if c.status == UNMEASURED:
-        return "a candidate, not measured (ranked out by the cost model, or the search ran out of time)"
+        return (
+            "a candidate, not measured "
+            "(ranked out by the cost model, or the search ran out of time)"
+        )
     if c.status == UNPROPOSED:
         return (
-            f"accepts every op, but its partition rule (fusion style {ev.fusion.get(c.backend, '?')}) "
-            "proposes no region of exactly these nodes"
+            "accepts every op, but its partition rule (fusion style "
+            f"{ev.fusion.get(c.backend, '?')}) proposes no region of exactly these nodes"
         )
     if winner is None or winner.in_model_s is None or c.in_model_s is None:
         return "measured; the chosen backend has no time alone to compare with"
@@ -381,8 +389,8 @@ def _winner(
     """The chosen backend's row: by how much it won, or why it has no time of its own."""
     if plan.model_file is not None:
         reason = (
-            f"the model's own ONNX graph ({plan.model_file.origin}) under {plan.model_file.library}, "
-            "measured end to end against the partitioned plans"
+            f"the model's own ONNX graph ({plan.model_file.origin}) under "
+            f"{plan.model_file.library}, measured end to end against the partitioned plans"
         )
     elif f.status != MEASURED:
         reason = (
@@ -436,8 +444,8 @@ def explain(plan: Plan, graph: DataflowGraph, ev: Evidence, source: str) -> Expl
     if plan.model_file is not None:
         best = notes.get("best_partitioned")
         said.append(
-            f"no partitioned plan beat {notes.get('chosen_as')}: the plan runs the model's own ONNX "
-            f"graph ({plan.model_file.origin}) under {plan.model_file.library}, unpartitioned"
+            f"no partitioned plan beat {notes.get('chosen_as')}: the plan runs the model's own "
+            f"ONNX graph ({plan.model_file.origin}) under {plan.model_file.library}, unpartitioned"
             + (
                 f"; the best partitioned plan, '{best}', ran "
                 f"{_time(notes.get('best_partitioned_median_s'))}"

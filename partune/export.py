@@ -83,7 +83,8 @@ def _move_into_place(staging: Path, out: Path) -> None:
 
 
 def _export_regions(model, plan: Plan, out: Path, threads: int) -> Path:
-    """A partitioned plan: its library regions one file each, the rest compiled into ``model.so``."""
+    """A partitioned plan: its library regions one file each, the rest compiled into
+    ``model.so``."""
     (out / "regions").mkdir(parents=True)
     partitioned = partition_plan(plan, model.mod, model.graph, prefix="deploy")
     regions = []

@@ -41,7 +41,8 @@ _TRANSPOSED = ("relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose")
 
 
 def gemm_flops(func) -> float:
-    """FLOPs (2 per multiply-add) of the matmuls and convolutions of a static-shaped Relax function."""
+    """FLOPs (2 per multiply-add) of the matmuls and convolutions of a static-shaped Relax
+    function."""
     import tvm
     from tvm import relax
 
@@ -222,11 +223,14 @@ def describe(h: Headroom) -> str:
     )
     if not math.isnan(h.rest_free):
         lines.append(
-            f"openvino    {h.openvino_gemm_s * 1e3:.3f} ms of its time in GEMM kernels: {h.rest_free:.2f}x "
-            "if everything else (every other op, border and call) cost nothing"
+            f"openvino    {h.openvino_gemm_s * 1e3:.3f} ms of its time in GEMM kernels: "
+            f"{h.rest_free:.2f}x if everything else (every other op, border and call) cost nothing"
         )
     verdict = (
-        "a search can hardly win here: the library already runs the arithmetic at about this core's speed"
+        (
+            "a search can hardly win here: "
+            "the library already runs the arithmetic at about this core's speed"
+        )
         if h.bound < 1.10
         else "there is room for a plan to win"
     )

@@ -105,7 +105,8 @@ class _Labeller:
 
 
 def _label_outputs(model: onnx.ModelProto) -> None:
-    """The exporter's closing Identity per graph output belongs to the region that made the value."""
+    """The exporter's closing Identity per graph output belongs to the region that made the
+    value."""
     producer = {o: n for n in model.graph.node for o in n.output}
     for node in model.graph.node:
         if node.name:

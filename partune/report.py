@@ -132,8 +132,9 @@ def _region_lines(rows: list[RegionTime], labels: list[str]) -> list[str]:
     lines = [
         "## Each region against its best alternative",
         "",
-        "Isolated times (best sample) from the measurement store: the region on its backend, and the "
-        "fastest other backend measured on the same nodes (exactly, or summed over measured runs of them).",
+        "Isolated times (best sample) from the measurement store: the region on its backend, and "
+        "the fastest other backend measured on the same nodes (exactly, or summed over measured "
+        "runs of them).",
         "",
         "![regions](regions.png)",
         "",
@@ -141,8 +142,8 @@ def _region_lines(rows: list[RegionTime], labels: list[str]) -> list[str]:
     guessed = sum(not r.measured for r in rows)
     if guessed:
         lines += [
-            f"{guessed} of {len(rows)} regions have no stored measurement: their time is the plan's "
-            f"cost (calibrated to the whole model), with no alternative.",
+            f"{guessed} of {len(rows)} regions have no stored measurement: their time is the "
+            "plan's cost (calibrated to the whole model), with no alternative.",
             "",
         ]
     lines += ["| region | backend | us | best alternative | us |", "|---|---|---|---|---|"]
@@ -183,8 +184,8 @@ def _headline(study_name: str, plan: Plan) -> list[str]:
     if notes.get("dp_estimate_s") and notes.get("end_to_end_s", {}).get(notes.get("dp_label")):
         est, meas = notes["dp_estimate_s"], notes["end_to_end_s"][notes["dp_label"]]
         lines.append(
-            f"DP estimate {est * 1e3:.3f} ms vs measured {meas * 1e3:.3f} ms ({est / meas - 1:+.0%}); "
-            f"{notes.get('border_model', '')}."
+            f"DP estimate {est * 1e3:.3f} ms vs measured {meas * 1e3:.3f} ms "
+            f"({est / meas - 1:+.0%}); {notes.get('border_model', '')}."
         )
     return lines
 
@@ -200,9 +201,10 @@ def _partition_lines(model, plan: Plan, out: Path) -> list[str]:
     written = write_partition_onnx(plan, model, out)
     if written.path is not None:
         lines += [
-            f"[{written.path.name}]({written.path.name}): the model's graph as ONNX ({written.nodes} "
-            "nodes), each named after its region (`r03_openvino/...`) and carrying `partune.backend`, "
-            "`partune.region` and `partune.scope` as node metadata: open it in Netron.",
+            f"[{written.path.name}]({written.path.name}): the model's graph as ONNX "
+            f"({written.nodes} nodes), each named after its region (`r03_openvino/...`) and "
+            "carrying `partune.backend`, `partune.region` and `partune.scope` as node metadata: "
+            "open it in Netron.",
             "",
         ]
     else:

@@ -151,7 +151,8 @@ def has_dot() -> bool:
 
 
 def draw_graph(graph: DataflowGraph, plan: Plan, out: Path) -> list[Path]:
-    """``out``/graph.png (and with graphviz graph.svg, zoomable, and graph.dot); returns the files."""
+    """``out``/graph.png (and with graphviz graph.svg, zoomable, and graph.dot); returns the
+    files."""
     drawn = boxes(graph, plan)
     if has_dot():
         return _draw_graphviz(drawn, plan, out)

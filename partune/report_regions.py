@@ -223,12 +223,13 @@ def next_steps(f: Facts) -> list[str]:
             else ""
         )
         out.append(
-            f"The plan is the model's own file under {f.model_file}: no partitioned mix beat it{by}."
+            f"The plan is the model's own file under {f.model_file}: no partitioned mix beat "
+            f"it{by}."
         )
     if f.random_inputs is not None:
         out.append(
-            f"Candidates were measured on random inputs ({f.random_inputs}); times of data-dependent "
-            f"ops may differ on real data."
+            f"Candidates were measured on random inputs ({f.random_inputs}); times of "
+            "data-dependent ops may differ on real data."
         )
     if f.would_win_tuned and f.tuned_saving_s >= MIN_SHARE * f.regions_s:
         of = f" of the regions' {_us(f.regions_s)}, timed alone" if f.regions_s else ""
@@ -238,8 +239,9 @@ def next_steps(f: Facts) -> list[str]:
             else "set --tune-budget (it adds the tvm-tuned backend)"
         )
         out.append(
-            f"{how[0].upper()}{how[1:]}: {_regions(f.would_win_tuned)} would run faster under tuned TVM "
-            f"if tuning brings its usual speed-up (about {_us(f.tuned_saving_s)} saved{of})."
+            f"{how[0].upper()}{how[1:]}: {_regions(f.would_win_tuned)} would run faster under "
+            f"tuned TVM if tuning brings its usual speed-up (about {_us(f.tuned_saving_s)} "
+            f"saved{of})."
         )
     if (
         f.speedup_vs_best_peer is not None
@@ -248,13 +250,14 @@ def next_steps(f: Facts) -> list[str]:
         and f.model_file is None
     ):
         out.append(
-            f"{f.best_peer} runs this model {1 / f.speedup_vs_best_peer:.2f}x faster than the plan: "
-            f"use it for this model."
+            f"{f.best_peer} runs this model {1 / f.speedup_vs_best_peer:.2f}x faster than the "
+            "plan: use it for this model."
         )
     if f.beaten:
         out.append(
-            f"{_regions(f.beaten)} of {f.regions} had an alternative that measured faster alone; the "
-            f"whole-plan measurements chose otherwise, and more --refine-trials try other mixes."
+            f"{_regions(f.beaten)} of {f.regions} had an alternative that measured faster alone; "
+            "the whole-plan measurements chose otherwise, and more --refine-trials try other "
+            "mixes."
         )
     if not out and not f.compared:
         out.append(

@@ -75,5 +75,6 @@ def plan_error(
     reference: Callable[[list[np.ndarray]], list[np.ndarray]],
     inputs: list[np.ndarray],
 ) -> float:
-    """``run``'s largest relative error against ``reference`` on ``inputs`` and on the held-out set."""
+    """``run``'s largest relative error against ``reference`` on ``inputs`` and on the held-out
+    set."""
     return max(relative_error(run(x), reference(x)) for x in (inputs, held_out_inputs(inputs)))

@@ -238,8 +238,8 @@ class BuildPool:
         """One line for the user: what the pool built and how often the measurer waited for it."""
         st = self.stats
         line = (
-            f"build pool on core(s) {','.join(map(str, self.cpus))}: {st['stored']} region(s) built "
-            f"ahead, {st['taken back'] + st['left to the measurer']} left to the measurer, "
+            f"build pool on core(s) {','.join(map(str, self.cpus))}: {st['stored']} region(s) "
+            f"built ahead, {st['taken back'] + st['left to the measurer']} left to the measurer, "
             f"{st['failed']} failed; the measurer waited {st['waited']} time(s), "
             f"{st['wait_ms'] / 1e3:.1f} s in all"
         )
@@ -256,7 +256,8 @@ class BuildPool:
         return sum(r.recycled for r in self._runners)
 
     def started(self, timeout_s: float) -> bool:
-        """Until every worker has started (imported its libraries); False if ``timeout_s`` ran out."""
+        """Until every worker has started (imported its libraries); False if ``timeout_s`` ran
+        out."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self.enabled and self._starting:

@@ -112,8 +112,8 @@ def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltMode
 def build_model_file(plan: Plan, data: bytes, inputs: list[np.ndarray], threads: int):
     """A model-file plan (``Plan.model_file``): the model's own ONNX bytes under its library.
 
-    Returns a ``partune.backends.model_file.ModelFileRun`` (called and prepared like ``BuiltModel``).
-    A plan made for the user's file refuses any other file.
+    Returns a ``partune.backends.model_file.ModelFileRun`` (called and prepared like
+    ``BuiltModel``). A plan made for the user's file refuses any other file.
     """
     from partune.backends import open_model_file, sha256
     from partune.core import PlanError
@@ -149,7 +149,8 @@ def region_request(
     ``values`` (from ``partune.runners.capture``) the request carries the tensors the region
     reads inside the model; without, the worker draws random ones. With ``build_cache`` (a
     directory a ``partune.runners.build_pool.BuildPool`` builds into) the worker loads the
-    region built ahead of time when it is there. ``protocol``: ``partune.runners.timing.Protocol``'s fields.
+    region built ahead of time when it is there. ``protocol``: ``partune.runners.timing.Protocol``'s
+    fields.
     """
     from partune.runners.capture import region_inputs
 

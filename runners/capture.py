@@ -72,7 +72,8 @@ def capture_values(
             errors.append(f"{name}: does not accept {_op_name(refused)}")
             continue
         try:
-            # A fully constrained CPU scope, as CompilationConfig.for_cpu makes: TVM needs the target.
+            # A fully constrained CPU scope, as CompilationConfig.for_cpu makes: TVM needs the
+            # target.
             scope = SEScope("cpu", 0, cpu_target(registry.threads()), "global", name)
             kernel = backend.build_region(whole, scope, registry.threads())
         except Exception as e:  # noqa: BLE001 - try the next backend

@@ -55,7 +55,8 @@ from partune.runners.worker_main import CPUS_ENV, RSS_LIMIT_ENV
 # Crash-handler output (TVM's backtrace, Python's faulthandler) that only restates the signal.
 _NOISE = re.compile(
     r'File "|!{3}|Traceback \(most recent call|(?:Current thread|Thread) 0x|Stack \(most recent|'
-    r"Extension modules:|<no Python frame>|Fatal Python error: (?:Segmentation fault|Aborted|Bus error)"
+    r"Extension modules:|<no Python frame>|"
+    r"Fatal Python error: (?:Segmentation fault|Aborted|Bus error)"
 )
 _SIZES = struct.calcsize("<QQ")  # what follows each reply: the worker's resident size and peak
 

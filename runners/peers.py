@@ -78,7 +78,8 @@ def _compiled_call(module, threads: int, precision: str) -> Callable[[tuple], ob
 def _torch_outputs(
     module, threads: int, precision: str
 ) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
-    """The compiled module as a function of numpy inputs to float32 numpy outputs (for its error)."""
+    """The compiled module as a function of numpy inputs to float32 numpy outputs (for its
+    error)."""
     import torch
 
     from partune.core import flatten_outputs
@@ -162,7 +163,8 @@ def _library(kind: str) -> bool:
 
 
 def _kind_fields(kind: str) -> dict[str, str]:
-    """A peer kind as its spec spells it: what runs it, and a reduced precision ("openvino bf16")."""
+    """A peer kind as its spec spells it: what runs it, and a reduced precision ("openvino
+    bf16")."""
     runs, _, precision = kind.partition(" ")
     return {"kind": runs} | ({"precision": precision} if precision else {})
 

@@ -1,11 +1,12 @@
 """What travels between the search and the processes that measure: typed requests and replies.
 
 A request is one of ``RegionRequest``, ``TuneRequest``, ``PlanRequest``, ``CompareRequest``,
-``BuildRequest`` and ``CaptureRequest`` (made by ``partune.runners.builder`` and ``partune.runners.build_pool``);
-the worker answers each with a ``MeasurementReply``, ``MeasurementsReply``, ``TuningReply``,
-``BuildReply``, ``CaptureReply`` or ``ErrorReply``. They cross a pipe (a local worker) or TVM RPC (a remote
-one) as the same JSON text (``to_json``/``from_json``), and arrays travel inside them as
-base64 ``.npy``. Nothing is pickled: what a message decodes to never runs code.
+``BuildRequest`` and ``CaptureRequest`` (made by ``partune.runners.builder`` and
+``partune.runners.build_pool``); the worker answers each with a ``MeasurementReply``,
+``MeasurementsReply``, ``TuningReply``, ``BuildReply``, ``CaptureReply`` or ``ErrorReply``. They
+cross a pipe (a local worker) or TVM RPC (a remote one) as the same JSON text
+(``to_json``/``from_json``), and arrays travel inside them as base64 ``.npy``. Nothing is
+pickled: what a message decodes to never runs code.
 """
 
 from __future__ import annotations
@@ -235,7 +236,8 @@ class PlanRequest(_Request):
 
 @dataclass(frozen=True)
 class CompareRequest(_Request):
-    """Time contenders in one process, interleaved: plans, and peers (``partune.runners.peers`` specs)."""
+    """Time contenders in one process, interleaved: plans, and peers (``partune.runners.peers``
+    specs)."""
 
     kind: ClassVar[str] = "compare"
     _codecs = _Request._codecs | {"contenders": _CONTENDERS, "inputs": _ARRAYS}
@@ -265,7 +267,8 @@ class BuildRequest(_Request):
 
 @dataclass(frozen=True)
 class CaptureRequest(_Request):
-    """Run the whole model once on ``inputs`` and write every value it computes inside into ``out_file`` (``partune.runners.capture``).
+    """Run the whole model once on ``inputs`` and write every value it computes inside into
+    ``out_file`` (``partune.runners.capture``).
 
     Captured in a worker, the whole-model build (a BERT-768 at 12 layers took the search process
     from 2.1 to 3.5 GB) and a crash in it are the worker's, not the search's."""

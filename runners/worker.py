@@ -199,7 +199,8 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
     registry.set_threads(req.threads)
     ctx = _context_for(req)
     fns, failed = {}, {}
-    # Plans first: once they are built the model is released, before the peers load their own copies.
+    # Plans first: once they are built the model is released, before the peers load their own
+    # copies.
     for label in sorted(
         req.contenders, key=lambda label: not isinstance(req.contenders[label], Plan)
     ):
@@ -260,7 +261,8 @@ class _Comparison:
         return DataflowGraph.from_function(self.mod["main"])
 
     def release_model(self) -> None:
-        """Drop the model (its constants: 0.43 GB at 12 BERT-768 layers) once the plans are built."""
+        """Drop the model (its constants: 0.43 GB at 12 BERT-768 layers) once the plans are
+        built."""
         if "mod" in self.__dict__:
             del self.__dict__["mod"]
             self.__dict__.pop("graph", None)
@@ -296,7 +298,8 @@ def _end_comparison() -> None:
 
 
 def capture_into_file(req: CaptureRequest) -> CaptureReply:
-    """The model's values on the request's inputs, written where it says (``partune.runners.capture``)."""
+    """The model's values on the request's inputs, written where it says
+    (``partune.runners.capture``)."""
     from partune.backends import registry
     from partune.runners.capture import capture_values, save_values
 

@@ -43,9 +43,9 @@ def tune(
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
     ``previous`` is the plan an earlier run of the same job emitted: it competes again.
-    With a ``cost_model`` (``partune.cost_models.base.CostModel``) only the most promising candidates of
-    each DP frontier are measured (``partune.search.pruning``); the rest enter the DP with predicted costs,
-    and any the DP picks are measured before its plan counts.
+    With a ``cost_model`` (``partune.cost_models.base.CostModel``) only the most promising
+    candidates of each DP frontier are measured (``partune.search.pruning``); the rest enter the DP
+    with predicted costs, and any the DP picks are measured before its plan counts.
     Candidates of autotuned backends (tuned TVM) are tuned, ``tune_trials`` per region,
     most expected gain first (``partune.search.tuning``), for at most ``tune_budget_s`` seconds,
     then measured like the rest; a region never tuned is never used.
@@ -58,14 +58,14 @@ def tune(
     stops candidate measuring and refinement; the verdict still runs. Several processes
     may run this on one storage at once: measurements are claimed (``Store.obtain``), so
     none is taken twice, and ``worker_only`` processes stop after refinement. ``peers``
-    are the tools a user would pick instead (``partune.runners.peers``): the finalist plans meet them in one interleaved comparison, and
-    the emitted plan is the fastest plan of that comparison, with its standing against
-    the best peer in its notes. With a ``build_pool`` (``partune.runners.build_pool``, local runner
-    only) candidates are built a few ahead on the cores the measurements do not use.
-    With ``precision`` "bf16", regions may compute in bf16 where a backend has a bf16 path
-    and the CPU bf16 instructions; no plan whose relative error against f32 exceeds
-    ``tolerance`` is chosen (``partune.search.precision``). On more than one thread, with
-    ``one_thread_regions``, library regions (and single-library plans) may also run on one
+    are the tools a user would pick instead (``partune.runners.peers``): the finalist plans meet
+    them in one interleaved comparison, and the emitted plan is the fastest plan of that comparison,
+    with its standing against the best peer in its notes. With a ``build_pool``
+    (``partune.runners.build_pool``, local runner only) candidates are built a few ahead on the
+    cores the measurements do not use. With ``precision`` "bf16", regions may compute in bf16 where
+    a backend has a bf16 path and the CPU bf16 instructions; no plan whose relative error against
+    f32 exceeds ``tolerance`` is chosen (``partune.search.precision``). On more than one thread,
+    with ``one_thread_regions``, library regions (and single-library plans) may also run on one
     thread (``SEScope.threads``), kept where that measures faster.
     """
     options = TuneOptions(

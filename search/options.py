@@ -1,4 +1,5 @@
-"""How one search runs: the options ``partune.search.collage.tune`` passes to a ``SearchSession``."""
+"""How one search runs: the options ``partune.search.collage.tune`` passes to a
+``SearchSession``."""
 
 from __future__ import annotations
 

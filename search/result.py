@@ -142,5 +142,6 @@ class TuneResult:
     cost_model: object = None  # the cost model after learning from this run's measurements
     refine_study: str | None = None  # the Optuna study of the refinement
     refined: Refined | None = None  # its outcome: the fastest variant, trials, whether it converged
-    front: tuple = ()  # latency+memory refinement: the Pareto front, (Plan, Measurement), fastest first
+    # latency+memory refinement: the Pareto front, (Plan, Measurement), fastest first
+    front: tuple = ()
     memory: MemoryPeaks = field(default_factory=MemoryPeaks)  # peak resident size of each process

@@ -6,8 +6,8 @@ region on its SEScope; learn (a cost model, when there is one); calibrate fixed
 per-call costs; auto-tune the TVM regions the DP would use; propose plans (the DP,
 second opinions, every single-backend plan) and measure them end to end; learn border
 costs from those plans and let the DP propose again (``partune.search.border_rounds``);
-refine with Optuna; then the fastest plans meet the peers in one interleaved comparison (``partune.search.verdict``)
-and the emitted plan says how it stands against the best of them.
+refine with Optuna; then the fastest plans meet the peers in one interleaved comparison
+(``partune.search.verdict``) and the emitted plan says how it stands against the best of them.
 
 Every measurement goes through a Runner and into the MeasurementStore the moment it is
 taken; anything already stored is reused, so a killed search resumes where it stopped
@@ -496,7 +496,8 @@ class SearchSession:
     def worth_timing(self, plans: dict[str, Plan]) -> dict[str, Plan]:
         """``plans`` less the native-only ones (f32 and bf16) where the f32 one's measured regions
         add up to ``HOPELESS`` times the fastest plan timed: they are recorded as not measured.
-        (TVM's bf16 ran a matmul 3.6x faster than its f32, not 10x: mobilevit's 261 ms was timed.)"""
+        (TVM's bf16 ran a matmul 3.6x faster than its f32, not 10x: mobilevit's 261 ms was
+        timed.)"""
         native = self.config.default
         natives = [
             label
@@ -524,7 +525,8 @@ class SearchSession:
     def hopeless(self, estimate_s: float) -> Measurement | None:
         """Why a plan whose measured regions add up to ``estimate_s`` is not worth timing: over
         ``HOPELESS`` times the fastest plan timed (untuned TVM ran BERT-768 in 5.9 s against
-        27 ms; a refinement variant with its matmuls 7 s against 0.32 s at 24 layers). None: it is."""
+        27 ms; a refinement variant with its matmuls 7 s against 0.32 s at 24 layers). None: it
+        is."""
         best = self.fastest_timed()
         if not estimate_s > HOPELESS * best:
             return None

@@ -10,9 +10,9 @@ The best other cost is the cheapest measured candidate on exactly these nodes (o
 there is none, the sum of the cheapest single-node ones). The tuned cost is estimated
 from the region's untuned TVM cost divided by the speed-up tuning typically brings to
 its kind of op (a 256x256 matmul went 15.5 ms -> 0.95 ms; gpt2-small's fused
-element-wise glue 3.4-5.1 us -> 2.5-3.1 us: vectorised and unrolled). Occurrences count the regions of the same structure in
-the model: one tuning serves them all. Regions are tuned in decreasing gain while the
-budget lasts; a region with no expected gain is never tuned. The typical speed-ups are
+element-wise glue 3.4-5.1 us -> 2.5-3.1 us: vectorised and unrolled). Occurrences count the regions
+of the same structure in the model: one tuning serves them all. Regions are tuned in decreasing gain
+while the budget lasts; a region with no expected gain is never tuned. The typical speed-ups are
 priors: after each tuned region the search passes what its kind achieved (``achieved``)
 and the order is made again, so a kind that tunes worse than expected here (matmul
 against MLAS on one core) stops taking the budget from kinds that tune well. The search
@@ -63,7 +63,8 @@ class TuningChoice:
 
 
 def anchor_kind(graph: DataflowGraph, nodes: tuple[int, ...]) -> str:
-    """The region's op that tuning is expected to speed up most ("other": element-wise, data movement)."""
+    """The region's op that tuning is expected to speed up most ("other": element-wise, data
+    movement)."""
     known = [graph.nodes[n].op for n in nodes if graph.nodes[n].op in TYPICAL_SPEEDUP]
     return max(known, key=TYPICAL_SPEEDUP.__getitem__, default="other")
 
@@ -71,8 +72,8 @@ def anchor_kind(graph: DataflowGraph, nodes: tuple[int, ...]) -> str:
 def expected_speedup(
     kind: str, achieved: Mapping[str, Sequence[float]] | None = None, optimism: float = 1.0
 ) -> float:
-    """What tuning should bring a region of ``kind`` (``anchor_kind``): its prior, or, once regions of that
-    kind were tuned in this run, the geometric mean of the prior and what they achieved
+    """What tuning should bring a region of ``kind`` (``anchor_kind``): its prior, or, once regions
+    of that kind were tuned in this run, the geometric mean of the prior and what they achieved
     (measured, untuned / tuned), so a wrong prior is corrected after one or two regions.
 
     ``optimism`` scales the prior: a long budget (``partune.search.budget``) can afford to
@@ -97,7 +98,8 @@ def tuning_order(
     ``others`` are the measured candidates of every other backend; ``cost`` gives their
     measured cost (inf when not measured or failed); ``native`` is the untuned TVM
     backend whose measurement of the same nodes anchors the estimate; ``achieved`` holds
-    the speed-ups measured so far per kind, and ``optimism`` scales the priors (``expected_speedup``).
+    the speed-ups measured so far per kind, and ``optimism`` scales the priors
+    (``expected_speedup``).
     """
     best: dict[tuple[int, ...], float] = {}
     untuned: dict[tuple[int, ...], float] = {}

@@ -91,9 +91,10 @@ def fit_in_memory(s: SessionView, finalists: dict[str, Plan]) -> dict[str, Plan]
 def refine_study_name(
     graph: DataflowGraph, dp_plan: Plan, memory: bool, space: list[list[str]]
 ) -> str:
-    """The refinement study of a model's DP plan over ``space`` (``partune.search.refine.search_space``):
-    the same for every worker and every rerun. A rerun whose choices changed (a backend now
-    offers more) starts a study of its own; variants timed before are read from the store."""
+    """The refinement study of a model's DP plan over ``space``
+    (``partune.search.refine.search_space``): the same for every worker and every rerun. A rerun
+    whose choices changed (a backend now offers more) starts a study of its own; variants timed
+    before are read from the store."""
     return f"refine:{graph.fingerprint}:{plan_key(dp_plan)}:{digest(space, 8)}" + (
         ":latency+memory" if memory else ""
     )

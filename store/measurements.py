@@ -337,7 +337,8 @@ class MeasurementStore:
             c.execute(
                 sql(
                     "UPDATE trials SET number = coalesce((SELECT p.number + 1 FROM trials p "
-                    "WHERE p.study_id = :study AND p.trial_id < :id ORDER BY p.trial_id DESC LIMIT 1), 0) "
+                    "WHERE p.study_id = :study AND p.trial_id < :id "
+                    "ORDER BY p.trial_id DESC LIMIT 1), 0) "
                     "WHERE trial_id = :id"
                 ),
                 ids,
@@ -353,7 +354,8 @@ class MeasurementStore:
                 )
             c.execute(
                 sql(
-                    "INSERT INTO trial_user_attributes (trial_id, key, value_json) VALUES (:id, :key, :value)"
+                    "INSERT INTO trial_user_attributes (trial_id, key, value_json) "
+                    "VALUES (:id, :key, :value)"
                 ),
                 [{"id": ids["id"], "key": k, "value": json.dumps(v)} for k, v in attrs.items()],
             )
@@ -466,7 +468,10 @@ def _ensure_key_index(engine: sqlalchemy.engine.Engine) -> None:
         else sqlalchemy.text("SELECT count(*) FROM pg_indexes WHERE indexname = :name")
     )
     column = "value_json" if dialect == "sqlite" else "md5(value_json)"
-    create = f"CREATE INDEX IF NOT EXISTS {KEY_INDEX} ON trial_user_attributes ({column}) WHERE key = 'key'"
+    create = (
+        f"CREATE INDEX IF NOT EXISTS {KEY_INDEX} ON trial_user_attributes ({column}) "
+        "WHERE key = 'key'"
+    )
     with engine.connect() as c:
         if c.execute(exists, {"name": KEY_INDEX}).scalar_one():
             return
@@ -483,8 +488,8 @@ def _ensure_key_index(engine: sqlalchemy.engine.Engine) -> None:
         # Not the tables' owner (a PostgreSQL role allowed to read and write only): it works
         # without, each lookup reading the table.
         logging.getLogger("partune.store").warning(
-            "no index on the stored keys (%s): every lookup reads the whole table; the tables' owner "
-            "can add it: %s",
+            "no index on the stored keys (%s): every lookup reads the whole table; the tables' "
+            "owner can add it: %s",
             str(e.orig).strip().splitlines()[0][:120],
             create,
         )

@@ -34,7 +34,8 @@ def resnet():
 
 @pytest.fixture
 def backend_settings():
-    """Change the backends' settings (``partune.backends.settings``) for one test; restored after."""
+    """Change the backends' settings (``partune.backends.settings``) for one test; restored
+    after."""
     from dataclasses import replace
 
     from partune.backends import registry

@@ -1,4 +1,5 @@
-"""Tiny export-style ONNX test models: one troublesome pattern each, as ``torch.onnx.export`` writes it.
+"""Tiny export-style ONNX test models: one troublesome pattern each, as ``torch.onnx.export`` writes
+it.
 
 Hand-written ONNX graphs (tests/model_files.py) carry constant shapes; real exports do not. With
 the batch (and sequence) axis marked dynamic, the exporter computes reshape targets at run time

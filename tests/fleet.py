@@ -1,4 +1,5 @@
-"""A TVM RPC tracker and ``partune rpc-server`` devices on loopback, for the tests that need them."""
+"""A TVM RPC tracker and ``partune rpc-server`` devices on loopback, for the tests that need
+them."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def start_server(tracker: str, key: str, env: dict | None = None) -> subprocess.
 
 
 def wait_for_servers(tracker: str, key: str, count: int, timeout_s: float = 120.0) -> None:
-    """Until the tracker lists ``count`` free servers under ``key`` (they register once imported)."""
+    """Until the tracker lists ``count`` free servers under ``key`` (they register once
+    imported)."""
     import tvm.rpc
 
     host, port = tracker.rsplit(":", 1)

@@ -14,7 +14,8 @@ from tvm.script import relax as R
 @I.ir_module
 class Module:
     @R.function
-    def main(x: R.Tensor((2, 16), "float32"), w: R.Tensor((16, 8), "float32")) -> R.Tensor((2, 8), "float32"):
+    def main(x: R.Tensor((2, 16), "float32"), w: R.Tensor((16, 8), "float32")) -> \
+R.Tensor((2, 8), "float32"):
         with R.dataflow():
             y = R.matmul(x, w)
             z = R.nn.relu(y)

@@ -43,7 +43,10 @@ class PostgresServer:
 
     def url(self, database: str = "postgres", password: str | None = None) -> str:
         secret = password if password is not None else self.password
-        return f"postgresql+psycopg2://postgres{':' + secret if secret else ''}@{self.host}:{self.port}/{database}"
+        return (
+            f"postgresql+psycopg2://postgres{':' + secret if secret else ''}"
+            f"@{self.host}:{self.port}/{database}"
+        )
 
     def stop(self) -> None:
         _run(f"{self.bin_dir}/pg_ctl", "-D", self.data, "-m", "fast", "stop")

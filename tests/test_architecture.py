@@ -68,7 +68,8 @@ def _private_imports() -> list[str]:
 
 
 def _module_aliases(f: Path) -> set[str]:
-    """The names a file binds to partune modules (``from partune.x import y`` where y is a module)."""
+    """The names a file binds to partune modules (``from partune.x import y`` where y is a
+    module)."""
     names = set()
     for node in ast.walk(ast.parse(f.read_text())):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("partune"):

@@ -1,4 +1,5 @@
-"""A time budget is spent, not only respected (``partune.search.budget``, ``partune tune --timeout``)."""
+"""A time budget is spent, not only respected (``partune.search.budget``, ``partune tune
+--timeout``)."""
 
 from __future__ import annotations
 

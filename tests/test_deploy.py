@@ -20,7 +20,8 @@ from tests.conftest import load_model
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["tvm", "torch", "onnxruntime", "openvino"]
 CONFIG = CompilationConfig.for_cpu(ORDER)
-# One test process runs this module under ``make test`` (pytest-xdist): its module fixture tunes a model once.
+# One test process runs this module under ``make test`` (pytest-xdist): its module fixture tunes a
+# model once.
 pytestmark = pytest.mark.xdist_group("deploy")
 
 FRESH = """
@@ -33,8 +34,8 @@ with np.load(sys.argv[1] + "/reference_outputs.npz") as z:
     ref = [z[f"arr_{i}"] for i in range(len(z.files))]
 out = model(*inputs)
 err = max(float(np.abs(o - r).max()) for o, r in zip(out, ref))
-loaded = sorted(m for m in sys.modules if m.split(".")[:2] in (["partune", "search"], ["partune", "store"],
-                                                            ["partune", "cost_models"]))
+above = (["partune", "search"], ["partune", "store"], ["partune", "cost_models"])
+loaded = sorted(m for m in sys.modules if m.split(".")[:2] in above)
 print(err, loaded)
 """
 

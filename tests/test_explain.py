@@ -32,7 +32,8 @@ from partune.store.measurements import STUDY_PREFIX
 from tests.graphs import Residual
 from tests.model_files import write_onnx, write_tvmscript
 
-# One test process runs this module under ``make test`` (pytest-xdist): its module fixture tunes a model once.
+# One test process runs this module under ``make test`` (pytest-xdist): its module fixture tunes a
+# model once.
 pytestmark = pytest.mark.xdist_group("explain")
 
 BACKENDS = ["tvm", "onnxruntime"]

@@ -104,7 +104,8 @@ def test_onnx_with_external_weights_loads(tmp_path):
         whole.onnx_bytes == path.read_bytes()
         and whole.onnx_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     )
-    # One with external weights is held with them inlined: a peer given the file alone would lack them.
+    # One with external weights is held with them inlined: a peer given the file alone would lack
+    # them.
     inlined = onnx.load_from_string(model.onnx_bytes)
     assert model.onnx_file is None and all(not t.external_data for t in inlined.graph.initializer)
     assert model.onnx_sha256 == hashlib.sha256(model.onnx_bytes).hexdigest()

@@ -65,7 +65,8 @@ def test_clean_error_names_backends_and_drops_class_names():
     )
     assert (
         clean_error(
-            "tvm: tvm.error.InternalError: no kernel; onnxruntime: BackendError: ValueError: bad axis"
+            "tvm: tvm.error.InternalError: no kernel; "
+            "onnxruntime: BackendError: ValueError: bad axis"
         )
         == "tvm: no kernel; onnxruntime: bad axis"
     )

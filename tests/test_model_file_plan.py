@@ -13,7 +13,8 @@ import pytest
 from partune.cli import main
 from tests.model_files import write_matmul_onnx
 
-# One test process runs this module under ``make test`` (pytest-xdist): its module fixture tunes a model once.
+# One test process runs this module under ``make test`` (pytest-xdist): its module fixture tunes a
+# model once.
 pytestmark = pytest.mark.xdist_group("model_file_plan")
 
 

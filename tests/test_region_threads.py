@@ -104,7 +104,8 @@ def test_a_search_on_two_threads_offers_and_deploys_one_thread_plans(tmp_path):
     assert {r.scope.threads for r in one.regions if r.backend == "onnxruntime"} == {1}
     assert result.end_to_end["onnxruntime-only (1 thread)"].ok
     assert "onnxruntime-only" in result.end_to_end  # the job's own thread count competes too
-    # Switched off, no scope runs on fewer threads: no candidate, and no single-library plan, has one.
+    # Switched off, no scope runs on fewer threads: no candidate, and no single-library plan, has
+    # one.
     off = SearchSession(
         _Model(),
         ["tvm", "onnxruntime"],

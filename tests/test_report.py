@@ -16,7 +16,8 @@ from partune.runners.timing import Measurement
 from tests.conftest import load_model
 from tests.model_files import write_onnx
 
-# One test process runs this module under ``make test`` (pytest-xdist): its module fixture tunes a model once.
+# One test process runs this module under ``make test`` (pytest-xdist): its module fixture tunes a
+# model once.
 pytestmark = pytest.mark.xdist_group("report")
 
 CONFIG = CompilationConfig.for_cpu(["tvm", "onnxruntime"])

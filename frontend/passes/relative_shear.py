@@ -1,4 +1,5 @@
-"""``RelativeShears``: relative-position gathers as shears, ``gather_elements`` with a constant diagonal index.
+"""``RelativeShears``: relative-position gathers as shears, ``gather_elements`` with a constant
+diagonal index.
 
 DeBERTa's disentangled attention scores every query against every relative position, then
 picks, per (query i, key j), the score of position ``c + (j - i)`` (c2p) or ``c + (i - j)``

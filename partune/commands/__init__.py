@@ -1,1 +1,2 @@
-"""The ``partune`` subcommands, one module a group; ``partune.cli`` holds the parser and ``main``."""
+"""The ``partune`` subcommands, one module a group; ``partune.cli`` holds the parser and
+``main``."""

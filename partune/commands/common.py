@@ -1,4 +1,5 @@
-"""Helpers every subcommand shares: reading the command line into models, shapes, durations, runners and jobs."""
+"""Helpers every subcommand shares: reading the command line into models, shapes, durations, runners
+and jobs."""
 
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def parse_pins(specs: list[str], model) -> dict:
 
 
 def make_runner(spec: str, timeout_s: float, threads: int, cpus: list[int] | None = None):
-    """The runner ``--runner`` names; ``cpus`` pins a local runner's worker (beside a build pool)."""
+    """The runner ``--runner`` names; ``cpus`` pins a local runner's worker (beside a build
+    pool)."""
     from partune.core import PartuneError
     from partune.runners import LocalRunner
 

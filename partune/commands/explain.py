@@ -1,4 +1,5 @@
-"""``partune explain``: why each region of a plan went where it went. It reads; it measures nothing."""
+"""``partune explain``: why each region of a plan went where it went. It reads; it measures
+nothing."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def _storage_exists(url: str) -> bool:
 
 
 def _read_plan(args: argparse.Namespace):
-    """(the plan, where it came from in words); the model and shapes the study names go to ``args``."""
+    """(the plan, where it came from in words); the model and shapes the study names go to
+    ``args``."""
     from partune.core import PartuneError, Plan
 
     if args.plan:
@@ -105,8 +107,8 @@ def _measurements(args: argparse.Namespace, plan) -> tuple[str, dict]:
         return device, {}
     other = max(stores, key=lambda s: s.n_trials).study_name[len(STUDY_PREFIX) :]
     print(
-        f"partune: note: {args.storage} holds no measurements of this machine at the plan's thread count; "
-        f"showing device {other}'s (choose with --device)",
+        f"partune: note: {args.storage} holds no measurements of this machine at the plan's thread "
+        f"count; showing device {other}'s (choose with --device)",
         file=sys.stderr,
     )
     return other, read_measurements(args.storage, other) or {}

@@ -1,4 +1,5 @@
-"""Subcommands about jobs and the machine: export, status, report, cost-model evaluation, RPC server, lists."""
+"""Subcommands about jobs and the machine: export, status, report, cost-model evaluation, RPC
+server, lists."""
 
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     trials = {s.study_name: s.n_trials for s in summaries}
     jobs = [s for s in summaries if "best_plan" in s.user_attrs or "started" in s.user_attrs]
     print(
-        f"{args.storage}: {sum(s.n_trials for s in stores)} measurements on {len(stores)} device(s), "
-        f"{len(jobs)} tuning job(s)"
+        f"{args.storage}: {sum(s.n_trials for s in stores)} measurements on {len(stores)} "
+        f"device(s), {len(jobs)} tuning job(s)"
     )
     _print_fleet(args.storage)
     if not jobs:
@@ -193,7 +194,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         attrs.get("refine_study"),
     )
     print(
-        f"report written to {path} (with {', '.join(sorted(p.name for p in path.parent.glob('*.png')))})"
+        f"report written to {path} (with "
+        f"{', '.join(sorted(p.name for p in path.parent.glob('*.png')))})"
     )
     return 0
 
@@ -233,7 +235,8 @@ def cmd_costmodel_eval(args: argparse.Namespace) -> int:
         "each model held out, the XGBoost model trained on the others"
     )
     print(
-        f"| {'held-out model':<22} | {'candidates':>10} | {'frontiers':>9} | {'Spearman':>8} | {'top-1':>6} | {'top-3':>6} |"
+        f"| {'held-out model':<22} | {'candidates':>10} | {'frontiers':>9} | {'Spearman':>8} | "
+        f"{'top-1':>6} | {'top-3':>6} |"
     )
     print("|" + "|".join("-" * w for w in (24, 12, 11, 10, 8, 8)) + "|")
     for sc in scores:

@@ -1,5 +1,5 @@
-"""``partune run``, ``bench`` and ``headroom``: a model under a plan, single-backend plans against the
-peers, and how much any plan could gain over the libraries."""
+"""``partune run``, ``bench`` and ``headroom``: a model under a plan, single-backend plans against
+the peers, and how much any plan could gain over the libraries."""
 
 from __future__ import annotations
 
@@ -38,12 +38,13 @@ def cmd_run_deployed(args: argparse.Namespace) -> int:
     m_numpy = time_callable(lambda: model(*inputs))
     if file := m.get("model_file"):
         print(
-            f"deployed   {m['model']} (the model's own ONNX graph, {file['origin']}, under {file['library']})"
+            f"deployed   {m['model']} (the model's own ONNX graph, {file['origin']}, under "
+            f"{file['library']})"
         )
     else:
         print(
-            f"deployed   {m['model']} ({len(m['regions'])} library regions: {', '.join(m['backends']) or 'none'}; "
-            f"plan backends {', '.join(m['plan_backends'])})"
+            f"deployed   {m['model']} ({len(m['regions'])} library regions: "
+            f"{', '.join(m['backends']) or 'none'}; plan backends {', '.join(m['plan_backends'])})"
         )
     print(
         f"latency    {m_time.median_s * 1e3:.3f} ms median, {m_time.cost_s * 1e3:.3f} ms best "

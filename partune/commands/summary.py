@@ -1,4 +1,5 @@
-"""What ``partune tune`` prints when it is done: the plan, the search, and the verdict against the peers."""
+"""What ``partune tune`` prints when it is done: the plan, the search, and the verdict against the
+peers."""
 
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ def summarise(result, model) -> str:
     known = plan.estimated_cost_s()
     if plan.model_file is not None:
         lines.append(
-            f"NO PARTITIONED PLAN BEAT {plan.notes['chosen_as']}: the plan is the model's own ONNX graph "
-            f"({plan.model_file.origin}) under {plan.model_file.library}, unpartitioned; the best "
-            f"partitioned plan, '{plan.notes.get('best_partitioned')}', ran "
+            f"NO PARTITIONED PLAN BEAT {plan.notes['chosen_as']}: the plan is the model's own ONNX "
+            f"graph ({plan.model_file.origin}) under {plan.model_file.library}, unpartitioned; the "
+            f"best partitioned plan, '{plan.notes.get('best_partitioned')}', ran "
             + (
                 f"{plan.notes['best_partitioned_median_s'] * 1e3:.3f} ms"
                 if plan.notes.get("best_partitioned_median_s")
@@ -61,7 +62,10 @@ def summarise(result, model) -> str:
     for label, m in sorted(result.end_to_end.items(), key=lambda kv: kv[1].cost_s):
         if m.ok:
             lines.append(
-                f"| {label:<36} | {m.cost_s * 1e3:9.3f} | {m.median_s * 1e3:9.3f} | {m.cost_s / best:9.2f} |"
+                (
+                    f"| {label:<36} | {m.cost_s * 1e3:9.3f} | {m.median_s * 1e3:9.3f} | "
+                    f"{m.cost_s / best:9.2f} |"
+                )
                 + (f"  error {m.rel_error:.1e} vs f32" if m.rel_error is not None else "")
             )
         else:
@@ -73,8 +77,9 @@ def summarise(result, model) -> str:
     lines.append("")
     if (error := plan.notes.get("rel_error")) is not None:
         lines.append(
-            f"bf16 within the accuracy budget: the plan's relative error against f32 is {error:.1e} "
-            f"(at most {plan.notes['tolerance']:g}), on the model's inputs and on a held-out input set"
+            "bf16 within the accuracy budget: the plan's relative error against f32 is "
+            f"{error:.1e} (at most {plan.notes['tolerance']:g}), on the model's inputs and on a "
+            "held-out input set"
         )
     lines.append(f"candidates measured on {result.inputs_from} inputs")
     if result.counts.skipped:
@@ -84,8 +89,9 @@ def summarise(result, model) -> str:
 
         in_plan = sum(registry.get(r.backend).autotuned for r in plan.regions)
         lines.append(
-            f"auto-tuning: {result.tuning.regions} regions tuned ({result.tuning.trials} MetaSchedule "
-            f"trials) in {result.tuning.seconds:.0f} s; {in_plan} tuned region(s) in the emitted plan"
+            f"auto-tuning: {result.tuning.regions} regions tuned ({result.tuning.trials} "
+            f"MetaSchedule trials) in {result.tuning.seconds:.0f} s; {in_plan} tuned region(s) in "
+            "the emitted plan"
         )
         if result.tuning.achieved:
             lines.append(
@@ -167,7 +173,8 @@ def _verdict_lines(result) -> list[str]:
             )
         else:
             lines.append(
-                f"| {kind + label:<36} | {'unavailable' if kind else 'failed':>9} | {'-':>9} | {clean_error(m.error or '')}"
+                f"| {kind + label:<36} | {'unavailable' if kind else 'failed':>9} | {'-':>9} | "
+                f"{clean_error(m.error or '')}"
             )
     if result.verdict.left_out:
         lines.append(result.verdict.left_out)
@@ -197,7 +204,7 @@ def _verdict_lines(result) -> list[str]:
             )
         if x < 1.0 + NOISE or result.plan.model_file is not None:
             lines.append(
-                "whether a longer search could do better: `partune headroom MODEL` measures the most "
-                "any f32 plan could gain over the libraries here"
+                "whether a longer search could do better: `partune headroom MODEL` measures the "
+                "most any f32 plan could gain over the libraries here"
             )
     return lines

@@ -1,4 +1,5 @@
-"""``partune tune``: a tuning job, its helper workers, its build pool, its progress bars and its outputs."""
+"""``partune tune``: a tuning job, its helper workers, its build pool, its progress bars and its
+outputs."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ DEFAULT_REFINE_TRIALS = 8  # without --timeout; with one, refinement runs until 
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """A tuning job: read what to search, run the search (with helpers and a build pool), write the plan."""
+    """A tuning job: read what to search, run the search (with helpers and a build pool), write the
+    plan."""
     import time
 
     started = time.monotonic()
@@ -256,7 +258,8 @@ def _finish(args: argparse.Namespace, job: _Job, result, notes: list[str]) -> in
     counts = result.counts
     if args.worker:
         print(
-            f"worker {os.getpid()}: measured {counts.measured} ({counts.failed} failed), reused {counts.reused}"
+            f"worker {os.getpid()}: measured {counts.measured} ({counts.failed} failed), reused "
+            f"{counts.reused}"
         )
         return 0
     result.plan.save(args.output)
@@ -486,8 +489,8 @@ def _update_cost_model(kept, cost_model, result, model) -> str:
     if result.cost_model is not None:  # it learned this run's candidates during the search
         kept.save(result.cost_model)
         return (
-            f"cost model: {result.counts.skipped} candidates not measured (ranked out); {kept} updated "
-            f"in-run with this model's measurements"
+            f"cost model: {result.counts.skipped} candidates not measured (ranked out); {kept} "
+            "updated in-run with this model's measurements"
         )
     if not done:
         return f"{kept}: nothing new to learn"
