@@ -4,16 +4,17 @@ Partune measures every alternative, yet a plan lists only the winners. For each 
 an emitted plan, ``explain`` gathers what every backend on offer did with exactly those
 nodes (refused an op, failed, or ran slower, and by how much), the border costs the DP
 charged, and how the plan stood against the peers. It reads the measurement store and
-asks the backends what they accept; nothing here builds or times anything.
+asks the backends what they accept (``partune.explain_evidence``); nothing here builds or times
+anything.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from partune.core import (
     DataflowGraph,
@@ -29,10 +30,7 @@ from partune.core import (
     scope_name,
     short_op,
 )
-from partune.runners import Measurement
-
-if TYPE_CHECKING:
-    from partune.frontend import Model
+from partune.explain_evidence import Evidence
 
 # Chosen, or why not: what a backend did with exactly a region's nodes.
 CHOSEN, MEASURED, FAILED, REFUSED, UNPROPOSED, UNMEASURED = (
@@ -50,27 +48,6 @@ _BORDER = re.compile(
 # Below a microsecond in a model (native TVM runs small regions inline, nearly free), a ratio
 # to the winner means nothing: margins are then given in time only.
 RATIO_FLOOR_S = 1e-6
-_TUNED = re.compile(
-    r"(?:-partial)?(\d+)"
-)  # after ":tuned" in a key: the trials (search/autotune.py)
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """What the store and the backends say about a model's plan, read once."""
-
-    measured: Mapping[str, Measurement]  # store key -> latest measurement (this device)
-    accepted: Mapping[str, frozenset[int]]  # backend -> the nodes it accepts
-    proposed: Mapping[str, frozenset[tuple[int, ...]]]  # backend -> node sets its rule proposes
-    adjust_s: Mapping[str, float] = field(
-        default_factory=dict
-    )  # backend -> per-call cost in a model
-    fusion: Mapping[str, str] = field(default_factory=dict)  # backend -> fusion style
-    tuned: Mapping[str, str] = field(
-        default_factory=dict
-    )  # candidate key -> its tuned measurement's key
-    device: str = ""
-    autotuned: frozenset[str] = frozenset()  # backends whose regions are measured once tuned
 
 
 @dataclass(frozen=True)
@@ -134,78 +111,6 @@ class Explanation:
     best_peer: str | None
     speedup_vs_best_peer: float | None
     notes: tuple[str, ...] = ()
-
-
-# -- reading ------------------------------------------------------------------------------
-
-
-def read_measurements(storage: str, device: str) -> dict[str, Measurement] | None:
-    """Every measurement of ``device`` in ``storage``, the latest per key; None when it holds
-    none."""
-    import optuna
-
-    from partune.store import STUDY_PREFIX
-    from partune.store import read_measurements as read_study
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        return read_study(storage, STUDY_PREFIX + device)
-    except KeyError:
-        return None
-
-
-@dataclass(frozen=True)
-class _ReadOnlyStore:
-    """What ``calibrate`` asks a store, answered from stored measurements: it never takes one."""
-
-    measured: Mapping[str, Measurement]
-
-    def obtain(self, key: str, take: Callable[[], Measurement], label: str = "", *_, **__):
-        m = self.measured.get(key)
-        return (m if m is not None else Measurement.failed("not calibrated")), False
-
-
-def _tuned_keys(measured: Mapping[str, Measurement]) -> dict[str, str]:
-    """Candidate key -> the key of its tuned measurement with the most trials."""
-    best: dict[str, tuple[int, str]] = {}
-    for key in measured:
-        base, sep, tail = key.rpartition(":tuned")
-        if sep and (m := _TUNED.fullmatch(tail)) and int(m.group(1)) >= best.get(base, (-1, ""))[0]:
-            best[base] = (int(m.group(1)), key)
-    return {base: key for base, (_, key) in best.items()}
-
-
-def gather_evidence(
-    plan: Plan, model: Model, measured: Mapping[str, Measurement], device: str
-) -> Evidence:
-    """What the backends accept and propose for ``model``, and the per-call costs stored."""
-    from partune.backends import registry
-    from partune.search import (
-        CANDIDATE_PROTOCOL,
-        Counts,
-        accepted_nodes,
-        calibrate,
-        enumerate_candidates,
-        schedulable,
-    )
-
-    backends = plan.config.backends
-    accepted = {b: frozenset(accepted_nodes(model.mod["main"], b)) for b in backends}
-    proposed: dict[str, set[tuple[int, ...]]] = {b: set() for b in backends}
-    for c in enumerate_candidates(model.mod, model.graph, plan.config, model.pins):
-        if schedulable(c):
-            proposed[c.backend].add(c.subgraph.nodes)
-    adjust = calibrate(None, _ReadOnlyStore(measured), plan.config, Counts(), CANDIDATE_PROTOCOL)  # type: ignore[arg-type]
-    return Evidence(
-        measured,
-        accepted,
-        {b: frozenset(s) for b, s in proposed.items()},
-        {scope_name(s): v for s, v in adjust.items() if s.backend},
-        {b: registry.get(b).fusion_style.value for b in backends},
-        _tuned_keys(measured),
-        device,
-        frozenset(b for b in backends if registry.get(b).autotuned),
-    )
 
 
 # -- deciding what the facts say ----------------------------------------------------------

@@ -157,6 +157,42 @@ def _one_trial(study: optuna.Study, objective: Callable) -> None:
             raise
 
 
+def _open_study(
+    storage: optuna.storages.BaseStorage,
+    study_name: str,
+    choices: list[list[str]],
+    accepted: dict[str, set[int]],
+    config: CompilationConfig,
+    n_trials: int,
+    seed: int,
+    memory: bool,
+    claims: Claims | None,
+) -> optuna.Study:
+    """The study named ``study_name``, created or loaded; the first worker to open it empty
+    queues the seeds (TPE, or with ``memory`` NSGA-II on latency and peak memory)."""
+    if memory:
+        sampler = optuna.samplers.NSGAIISampler(
+            seed=seed, population_size=max(4, min(20, n_trials // 2))
+        )
+        directions = ["minimize", "minimize"]
+    else:
+        sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True)
+        directions = ["minimize"]
+    study = optuna.create_study(
+        study_name=study_name,
+        storage=storage,
+        sampler=sampler,
+        directions=directions,
+        load_if_exists=True,
+    )
+    seeds = f"seeds:{study_name}"
+    if not study.trials and (claims is None or claims.claim(seeds)):
+        _seed(study, choices, accepted, config.default.backend)
+        if claims is not None:
+            claims.done(seeds)
+    return study
+
+
 def refine(
     graph: DataflowGraph,
     base: Plan,
@@ -188,26 +224,9 @@ def refine(
     study's name must name (``refine_study_name``): Optuna refuses a study whose choices changed.
     """
     choices = space if space is not None else search_space(base, config, accepted)
-    if memory:
-        sampler = optuna.samplers.NSGAIISampler(
-            seed=seed, population_size=max(4, min(20, n_trials // 2))
-        )
-        directions = ["minimize", "minimize"]
-    else:
-        sampler = optuna.samplers.TPESampler(multivariate=True, seed=seed, constant_liar=True)
-        directions = ["minimize"]
-    study = optuna.create_study(
-        study_name=study_name,
-        storage=storage,
-        sampler=sampler,
-        directions=directions,
-        load_if_exists=True,
+    study = _open_study(
+        storage, study_name, choices, accepted, config, n_trials, seed, memory, claims
     )
-    seeds = f"seeds:{study_name}"
-    if not study.trials and (claims is None or claims.claim(seeds)):
-        _seed(study, choices, accepted, config.default.backend)
-        if claims is not None:
-            claims.done(seeds)
     plans: dict[int, tuple[Plan, Measurement]] = {}
 
     def objective(trial: optuna.Trial) -> float | tuple[float, float]:

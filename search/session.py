@@ -6,8 +6,9 @@ region on its SEScope; learn (a cost model, when there is one); calibrate fixed
 per-call costs; auto-tune the TVM regions the DP would use; propose plans (the DP,
 second opinions, every single-backend plan) and measure them end to end; learn border
 costs from those plans and let the DP propose again (``partune.search.border_rounds``);
-refine with Optuna; then the fastest plans meet the peers in one interleaved comparison
-(``partune.search.verdict``) and the emitted plan says how it stands against the best of them.
+refine with Optuna; then the fastest plans (both in ``partune.search.finalists``) meet the peers in
+one interleaved comparison (``partune.search.verdict``) and the emitted plan says how it stands
+against the best of them.
 
 Every measurement goes through a Runner and into the MeasurementStore the moment it is
 taken; anything already stored is reused, so a killed search resumes where it stopped
@@ -27,7 +28,6 @@ import numpy as np
 from partune.backends import registry
 from partune.core import (
     CompilationConfig,
-    PartuneError,
     Plan,
     Region,
     SEScope,
@@ -45,20 +45,18 @@ from partune.runners import (
     Lookahead,
     Measurement,
     Runner,
-    has_bf16,
     module_file,
     plan_request,
     region_request,
 )
 from partune.search.border_rounds import BORDER_ROUNDS, border_rounds
-from partune.search.budget import PATIENCE, TRIALS_CAP
 from partune.search.calibration import CalibrationView, calibrate
-from partune.search.candidates import Candidate, accepted_nodes, backend_plan, enumerate_candidates
+from partune.search.candidates import Candidate, backend_plan, enumerate_candidates
 from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
+from partune.search.finalists import pick_finalists, refinement
 from partune.search.options import TuneOptions
 from partune.search.precision import budgeted, overran, repair
 from partune.search.pruning import features, prune
-from partune.search.refine import refine, search_space
 from partune.search.result import Counts, Progress, TuneResult
 from partune.store import FIRST_POLL_S, POLL_S, MeasurementStore
 
@@ -155,9 +153,9 @@ class SearchSession:
             autotune(self, tune_s)
         self.propose()
         border_rounds(self)
-        self.refine()
+        refinement(self)
         if not self.options.worker_only:  # a helper worker: the primary takes it from here
-            finalists = fit_in_memory(self, self.finalists())
+            finalists = fit_in_memory(self, pick_finalists(self))
             await_verdict(self, finalists)
             judge(self, finalists)
             emit(self, finalists)
@@ -534,98 +532,3 @@ class SearchSession:
             f"{NOT_MEASURED}: its regions add up to {estimate_s * 1e3:.1f} ms, "
             f"{estimate_s / best:.0f}x the fastest plan timed"
         )
-
-    # -- refinement and the finalists -------------------------------------------------
-
-    def refine(self) -> None:
-        """Plan variants around the DP's plan, proposed by Optuna and measured end to end."""
-        from partune.search.candidates import bf16_nodes
-        from partune.search.verdict import refine_study_name
-
-        opts, result = self.options, self.result
-        trials, patience = (
-            (opts.refine_trials, None) if opts.refine_trials is not None else (TRIALS_CAP, PATIENCE)
-        )
-        if trials <= 0 or result.dp_plan is None:
-            return
-        self.progress.start_phase(
-            "refine plans end to end (Optuna"
-            + (", NSGA-II" if opts.memory else "")
-            + (", until it converges)" if patience else ")"),
-            trials if not patience else 0,
-        )
-        accepted = {
-            b: accepted_nodes(self.mod["main"], b) for b in self.backends if b not in self.autotuned
-        }
-        space = search_space(
-            result.dp_plan, self.config, accepted, bf16_nodes(self.mod["main"], self.config)
-        )
-        result.refine_study = refine_study_name(self.graph, result.dp_plan, opts.memory, space)
-
-        def measure(
-            p: Plan,
-        ) -> Measurement:  # a variant whose measured regions alone are hopeless: not timed
-            known = sum(c for r in p.regions if (c := self.stored_cost(r)) is not None)
-            return self.hopeless(known) or self.measure(p, "refine variant", fresh=opts.memory)
-
-        refined = refine(
-            self.graph,
-            result.dp_plan,
-            self.config,
-            accepted,
-            measure,
-            self.store.storage,
-            result.refine_study,
-            trials,
-            deadline=opts.deadline,
-            memory=opts.memory,
-            claims=self.store.claims,
-            patience=patience,
-            space=space,
-        )
-        result.refined = refined
-        if refined is not None:
-            result.front = refined.front
-            if self.offer("partune refined", refined.plan):
-                result.end_to_end["partune refined"] = refined.measurement
-
-    def finalists(self) -> dict[str, Plan]:
-        """The plans that meet the peers: the fastest few, plus each graph-level backend's own plan.
-
-        The mirrors (onnxruntime-only vs onnxruntime on the user's file) are always in, so a
-        noisy end-to-end sample can never keep the plan that ties the peer out of the verdict.
-        """
-        from partune.search.verdict import FINALISTS
-
-        previous, result = self.options.previous, self.result
-        # A model-file plan is not rebuilt here: its library meets the plans as a peer again.
-        if (
-            previous is not None
-            and previous.fingerprint == self.graph.fingerprint
-            and previous.model_file is None
-        ):
-            if self.offer("previous best", previous):  # a resumed job never emits worse than before
-                self.end_to_end("previous best", previous)
-        ok = {label: m for label, m in result.end_to_end.items() if m.ok}
-        if not ok:
-            # The model, as offered, runs nowhere: the user's to change (one line, exit 2).
-            raise PartuneError(
-                "no plan could be built and run: "
-                + "; ".join(
-                    f"{k}: {clean_error(m.error or '')}" for k, m in result.end_to_end.items()
-                )
-            )
-        picked: dict[str, str] = {}  # plan key -> label: one label per distinct plan
-        mirrors = [f"{b}-only" for b in self.backends if registry.get(b).level.value == "compiler"]
-        f32 = None  # with bf16 on offer, the fastest all-f32 plan is in too: never emitted slower
-        if "bf16" in self.config.precisions:
-            f32 = min(
-                (label for label in ok if not has_bf16(result.plans[label])),
-                key=lambda label: ok[label].cost_s,
-                default=None,
-            )
-        for label in sorted(ok, key=lambda label: ok[label].cost_s):
-            key = plan_key(result.plans[label])
-            if (len(picked) < FINALISTS or label in mirrors or label == f32) and key not in picked:
-                picked[key] = label
-        return {label: result.plans[label] for label in picked.values()}

@@ -1,4 +1,5 @@
-"""What the verdict, auto-tuning, border rounds and precision repair read of a search session.
+"""What the phases kept apart read of a search session: auto-tuning, border rounds, refinement,
+the finalists, the verdict and precision repair.
 
 They are phases of ``SearchSession`` kept in modules of their own, and the session calls
 them; typed by the session itself they would import it back (a cycle, type-only but real to
@@ -61,6 +62,10 @@ class SessionView(Protocol):
 
     def offer(self, label: str, plan: Plan, always: bool = False) -> bool: ...
 
+    def measure(
+        self, plan: Plan, label: str, fresh: bool = False, wait: bool = True
+    ) -> Measurement | None: ...
+
     def end_to_end(self, label: str, plan: Plan) -> Measurement: ...
 
     def end_to_end_all(self, plans: dict[str, Plan]) -> None: ...
@@ -71,5 +76,7 @@ class SessionView(Protocol):
         border: BorderModel | None = None,
         precisions: tuple[str, ...] = ("f32", "bf16"),
     ) -> tuple[Cover, Plan] | None: ...
+
+    def hopeless(self, estimate_s: float) -> Measurement | None: ...
 
     def second_opinions(self, border: BorderModel | None = None, suffix: str = "") -> list[str]: ...

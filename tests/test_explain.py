@@ -22,11 +22,11 @@ from partune.explain import (
     MEASURED,
     REFUSED,
     UNPROPOSED,
-    Evidence,
     explain,
     render_text,
     to_json,
 )
+from partune.explain_evidence import Evidence
 from partune.runners.timing import Measurement
 from partune.store.measurements import STUDY_PREFIX
 from tests.graphs import Residual

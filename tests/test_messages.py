@@ -18,7 +18,8 @@ from partune.core.graph import DataflowGraph
 from partune.core.keys import candidate_key
 from partune.core.plan import Plan, Region
 from partune.core.scopes import CompilationConfig, ScopeError, SEScope
-from partune.explain import FAILED, Evidence, explain
+from partune.explain import FAILED, explain
+from partune.explain_evidence import Evidence
 from partune.runners.builder import region_request
 from partune.runners.capture import capture_values
 from partune.runners.local import LocalRunner

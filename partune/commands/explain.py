@@ -15,7 +15,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """A study's emitted plan, or a plan file, region by region against every backend on offer."""
     from partune.backends import registry
     from partune.core import PlanError
-    from partune.explain import explain, gather_evidence, render_text, to_json
+    from partune.explain import explain, render_text, to_json
+    from partune.explain_evidence import gather_evidence
 
     plan, source = _read_plan(args)
     model = _load_for(args, plan)
@@ -88,7 +89,7 @@ def _measurements(args: argparse.Namespace, plan) -> tuple[str, dict]:
     """(device, its measurements): --device, else this machine at the plan's thread count, else
     the device with the most measurements in the storage (said on stderr)."""
     from partune.core import device_fingerprint
-    from partune.explain import read_measurements
+    from partune.explain_evidence import read_measurements
     from partune.store import STUDY_PREFIX
 
     target = plan.config.default.target or {}

@@ -33,7 +33,6 @@ def summarise(result, model) -> str:
     if result.adjust_s:
         adj = ", ".join(f"{k} {v * 1e6:+.1f} us" for k, v in result.adjust_s.items())
         lines.append(f"per-region cost in a whole model vs isolated: {adj}")
-    known = plan.estimated_cost_s()
     if plan.model_file is not None:
         lines.append(
             f"NO PARTITIONED PLAN BEAT {plan.notes['chosen_as']}: the plan is the model's own ONNX "
@@ -46,33 +45,8 @@ def summarise(result, model) -> str:
             )
             + " (interleaved medians)"
         )
-    lines.append(f"| {'backend':<14} | {'regions':>7} | {'ops':>5} | {'share of time':>13} |")
-    lines.append("|----------------|---------|-------|---------------|")
-    for b, precision in dict.fromkeys((r.backend, r.scope.precision) for r in plan.regions):
-        regs = [r for r in plan.regions if r.backend == b and r.scope.precision == precision]
-        share = f"{sum(r.cost_s or 0.0 for r in regs) / known:>12.1%}" if known else f"{'-':>13}"
-        name = b + (f" {precision}" if precision else "")
-        lines.append(
-            f"| {name:<14} | {len(regs):>7} | {sum(len(r.nodes) for r in regs):>5} | {share} |"
-        )
-    best = min(m.cost_s for m in result.end_to_end.values() if m.ok)
-    lines.append("")
-    lines.append(f"| {'plan':<36} | {'best ms':>9} | {'median ms':>9} | {'x fastest':>9} |")
-    lines.append("|" + "-" * 38 + "|-----------|-----------|-----------|")
-    for label, m in sorted(result.end_to_end.items(), key=lambda kv: kv[1].cost_s):
-        if m.ok:
-            lines.append(
-                (
-                    f"| {label:<36} | {m.cost_s * 1e3:9.3f} | {m.median_s * 1e3:9.3f} | "
-                    f"{m.cost_s / best:9.2f} |"
-                )
-                + (f"  error {m.rel_error:.1e} vs f32" if m.rel_error is not None else "")
-            )
-        else:
-            status = "skipped" if (m.error or "").startswith(NOT_MEASURED) else "failed"
-            lines.append(
-                f"| {label:<36} | {status:>9} | {'-':>9} | {'-':>9} |  {clean_error(m.error or '')}"
-            )
+    lines += _share_table(plan)
+    lines += _plan_table(result)
     lines.extend(_verdict_lines(result))
     lines.append("")
     if (error := plan.notes.get("rel_error")) is not None:
@@ -118,6 +92,46 @@ def summarise(result, model) -> str:
     if result.memory.search:
         lines.append(memory_line(result.memory))
     return "\n".join(lines)
+
+
+def _share_table(plan) -> list[str]:
+    """Per backend (and precision) of the plan: its regions, ops and share of the time."""
+    known = plan.estimated_cost_s()
+    lines = []
+    lines.append(f"| {'backend':<14} | {'regions':>7} | {'ops':>5} | {'share of time':>13} |")
+    lines.append("|----------------|---------|-------|---------------|")
+    for b, precision in dict.fromkeys((r.backend, r.scope.precision) for r in plan.regions):
+        regs = [r for r in plan.regions if r.backend == b and r.scope.precision == precision]
+        share = f"{sum(r.cost_s or 0.0 for r in regs) / known:>12.1%}" if known else f"{'-':>13}"
+        name = b + (f" {precision}" if precision else "")
+        lines.append(
+            f"| {name:<14} | {len(regs):>7} | {sum(len(r.nodes) for r in regs):>5} | {share} |"
+        )
+    return lines
+
+
+def _plan_table(result) -> list[str]:
+    """Every plan measured end to end, fastest first, against the fastest."""
+    lines = []
+    best = min(m.cost_s for m in result.end_to_end.values() if m.ok)
+    lines.append("")
+    lines.append(f"| {'plan':<36} | {'best ms':>9} | {'median ms':>9} | {'x fastest':>9} |")
+    lines.append("|" + "-" * 38 + "|-----------|-----------|-----------|")
+    for label, m in sorted(result.end_to_end.items(), key=lambda kv: kv[1].cost_s):
+        if m.ok:
+            lines.append(
+                (
+                    f"| {label:<36} | {m.cost_s * 1e3:9.3f} | {m.median_s * 1e3:9.3f} | "
+                    f"{m.cost_s / best:9.2f} |"
+                )
+                + (f"  error {m.rel_error:.1e} vs f32" if m.rel_error is not None else "")
+            )
+        else:
+            status = "skipped" if (m.error or "").startswith(NOT_MEASURED) else "failed"
+            lines.append(
+                f"| {label:<36} | {status:>9} | {'-':>9} | {'-':>9} |  {clean_error(m.error or '')}"
+            )
+    return lines
 
 
 def memory_line(peaks) -> str:
