@@ -62,6 +62,9 @@ class Backend(ABC):
     # Whether the backend computes a region in bfloat16 by a real fast path of its library
     # (a bf16 SEScope); a backend without one is never offered bf16 scopes.
     bf16: ClassVar[bool] = False
+    # Whether the backend runs a region's matmuls and convolutions on int8 kernels when they
+    # come in QDQ form (``partune.core.int8``); a backend without it is never offered int8.
+    int8: ClassVar[bool] = False
     # Whether each region's kernel keeps a thread count of its own (a session's or compiled
     # model's setting), so that a scope on fewer threads than the job's is real; TVM's and
     # torch's thread pools are one per process, and are never offered such scopes.

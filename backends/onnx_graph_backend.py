@@ -24,6 +24,7 @@ from partune.backends import build_cache
 from partune.backends.base import Backend, BackendError, FusionStyle, Level
 from partune.backends.kernel import BoundKernel, Spec
 from partune.backends.relax_onnx import MIN_OPSET, relax_to_onnx
+from partune.core import function_in_int8
 
 if TYPE_CHECKING:
     from partune.core import SEScope
@@ -109,6 +110,7 @@ class OnnxGraphBackend(Backend):
     device_types = ("cpu",)
     caches_builds = True
     threads_per_region = True  # a session (compiled model) per region, with its own thread count
+    int8 = True  # both libraries run QDQ matmuls and convolutions on int8 kernels
 
     def __init__(self, opset: int = MIN_OPSET) -> None:
         if opset < MIN_OPSET:
@@ -121,15 +123,18 @@ class OnnxGraphBackend(Backend):
         if scope.device_type not in (None, *self.device_types):
             raise BackendError(f"{self.name} backend runs on cpu, not {scope.device_type}")
         threads = scope.threads or threads  # a scope on fewer threads than the job's
+        precision = scope.compute_precision
+        if not {"f32": True, "bf16": self.bf16, "int8": self.int8}[precision]:
+            raise BackendError(f"{self.name} has no {precision} path")
+        if precision == "int8":  # QDQ form, compiled as it stands: the library's int8 kernels
+            func, precision = function_in_int8(func), "f32"
         entry = build_cache.current()
         if entry is not None:
             entry.refine(self.name, self.library_version(), self.opset)
-            kernel = entry.load(lambda d: self.load_kernel(d, threads, scope.compute_precision))
+            kernel = entry.load(lambda d: self.load_kernel(d, threads, precision))
             if kernel is not None:
                 return kernel
-        if scope.compute_precision != "f32" and not self.bf16:
-            raise BackendError(f"{self.name} has no {scope.compute_precision} path")
-        return self.kernel(relax_to_onnx(func, self.opset), func, threads, scope.compute_precision)
+        return self.kernel(relax_to_onnx(func, self.opset), func, threads, precision)
 
     @abstractmethod
     def kernel(

@@ -18,10 +18,12 @@ from partune.backends.onnx_graph import (
     Translator,
     Value,
     arg_dtype,
+    norm_axis,
     op_name,
     registrar,
     scalar_value,
     tensor_dtype,
+    tensor_shape,
 )
 
 TRANSLATORS: dict[str, Translator] = {}
@@ -181,3 +183,14 @@ def _where(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
     if arg_dtype(call, 1) != arg_dtype(call, 2):
         raise BackendError("where on mixed dtypes")
     return g.node("Where", [_as_bool(g, call, 0), g.tensor(call.args[1]), g.tensor(call.args[2])])
+
+
+@_register("relax.quantize", "relax.dequantize")
+def _quantize(g: OnnxGraph, call: relax.Call, ty: tvm.ir.Type) -> Value:
+    """QuantizeLinear / DequantizeLinear: the QDQ form onnxruntime and OpenVINO run in int8
+    (``partune.core.int8``); a per-channel scale carries its axis, a scalar one none."""
+    data, scale, zero = (g.tensor(a) for a in call.args)
+    per_channel = len(tensor_shape(call.args[1].ty)) > 0
+    axis = {"axis": norm_axis(int(call.attrs.axis), len(tensor_shape(call.args[0].ty)))}
+    op = "QuantizeLinear" if op_name(call) == "relax.quantize" else "DequantizeLinear"
+    return g.node(op, [data, scale, zero], **(axis if per_channel else {}))

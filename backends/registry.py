@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from partune.backends.base import Backend
 from partune.backends.settings import Settings
+from partune.core import cpu_flags
 
 _BACKENDS: dict[str, str] = {
     "tvm": "partune.backends.tvm_backend:TvmBackend",
@@ -45,13 +46,7 @@ def default_names() -> list[str]:
 def cpu_has_bf16() -> bool:
     """Whether this CPU reports bfloat16 instructions (AVX512-BF16 or AMX-BF16): the only
     CPUs on which a bf16 region is faster rather than emulated."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(
-                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
-            )
-    except OSError:
-        return False
+    flags = cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
@@ -63,6 +58,11 @@ def threads_per_region_names(backends: list[str]) -> tuple[str, ...]:
 def bf16_names(backends: list[str]) -> tuple[str, ...]:
     """Those of ``backends`` with a real bf16 path on this CPU (none where it has no bf16)."""
     return tuple(b for b in backends if get(b).bf16) if cpu_has_bf16() else ()
+
+
+def int8_names(backends: list[str]) -> tuple[str, ...]:
+    """Those of ``backends`` that run int8 (QDQ) regions on integer kernels."""
+    return tuple(b for b in backends if get(b).int8)
 
 
 def register(name: str, target: str) -> None:

@@ -36,6 +36,7 @@ class KeyedPlan(Protocol):
     fingerprint: str
     regions: Sequence[Any]
     model_file: Any
+    calibration: Any
 
 
 def digest(doc: Any, digits: int, *, sort_keys: bool = False) -> str:
@@ -95,6 +96,8 @@ def plan_key(plan: KeyedPlan) -> str:
     doc = [plan.fingerprint, sorted((list(r.nodes), r.scope.to_json()) for r in plan.regions)]
     if plan.model_file is not None:  # (partitioned plans keep the keys they always had)
         doc.append(plan.model_file.to_json())
+    if plan.calibration is not None:  # int8 plans: the values depend on the calibration
+        doc.append({"calibration": plan.calibration.digest})
     return "plan:" + digest(doc, KEY_DIGITS, sort_keys=True)
 
 

@@ -4,7 +4,9 @@ Regions of native TVM stay in ``main`` and go through TVM's own lowering (a bf16
 matmuls and convolutions on bf16 operands, ``partune.core.bf16``). Every other
 region becomes a global function with attributes ``Codegen`` (the backend's codegen
 name), ``global_symbol`` and ``partune.scope`` (its SEScope as JSON), called from main;
-``relax.transform.RunCodegen`` later hands these functions to the backends.
+``relax.transform.RunCodegen`` later hands these functions to the backends. An int8 region
+is lifted with its matmuls and convolutions in QDQ form over the plan's calibrated ranges
+(``partune.core.int8``), which its backend runs on int8 kernels.
 
 A native region that must keep its borders (tuned TVM: its schedules were found for the
 workloads TVM fuses inside the region alone) becomes a plain Relax function called from
@@ -22,7 +24,8 @@ from tvm import relax
 
 from partune.core.bf16 import function_in_bf16, in_bf16
 from partune.core.graph import DataflowGraph, main_bindings
-from partune.core.plan import Plan, Region, region_order
+from partune.core.int8 import INT8, in_int8
+from partune.core.plan import Calibration, Plan, Region, region_order
 
 SCOPE_ATTR = "partune.scope"
 
@@ -138,6 +141,28 @@ def lift_region(
     return func, args, rebuild
 
 
+def _int8_bindings(
+    bindings: list[relax.Binding],
+    nodes: list[int],
+    params: list[relax.Var],
+    calibration: Calibration | None,
+) -> list[relax.Binding]:
+    """The bindings of ``nodes`` with their matmuls and convolutions in int8 (``in_int8``), each
+    activation quantized over its calibrated range (``n<i>``: binding i's value, ``p<i>``: the
+    i-th parameter); placeholders where the plan has no calibration."""
+    ranges = calibration.ranges if calibration is not None else {}
+    name = {b.var: f"n{i}" for i, b in enumerate(bindings)} | {
+        p: f"p{i}" for i, p in enumerate(params)
+    }
+    out = []
+    for n in nodes:
+        b = bindings[n]
+        arg = b.value.args[0] if isinstance(b.value, relax.Call) and b.value.args else None
+        value = in_int8(b.value, ranges.get(name.get(arg, "")), ranges.get(f"n{n}"))
+        out.append(b if value is b.value else relax.VarBinding(b.var, value))
+    return out
+
+
 def apply(
     plan: Plan,
     mod: tvm.IRModule,
@@ -188,9 +213,12 @@ def apply(
                         "global_symbol": symbol,
                         SCOPE_ATTR: json.dumps(region.scope.to_json()),
                     }
-                lifted, args, rebuild = lift_region(
-                    [bindings[n] for n in nodes], exits, symbol, attrs
+                region_bindings = (
+                    _int8_bindings(bindings, nodes, list(func.params), plan.calibration)
+                    if region.scope.compute_precision == INT8
+                    else [bindings[n] for n in nodes]
                 )
+                lifted, args, rebuild = lift_region(region_bindings, exits, symbol, attrs)
                 gv = bb.add_func(function_in_bf16(lifted) if bf16 else lifted, symbol)
                 call = bb.emit(
                     relax.Call(gv, [_substitute(a, env) for a in args]), name_hint=symbol

@@ -70,6 +70,26 @@ class ModelFile:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """The ranges an int8 plan quantizes its activations over, measured once per model on the
+    calibration data (``partune.search.int8_calibration``): per tensor of ``main``, ``n<i>`` a
+    binding's value, ``p<i>`` a parameter. ``digest`` names the data and the model they were
+    measured on: two plans that differ only in it compute different values (plan keys tell them
+    apart), though they take the same time."""
+
+    digest: str
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"digest": self.digest, "ranges": {k: list(v) for k, v in self.ranges.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Calibration:
+        ranges = {str(k): (float(v[0]), float(v[1])) for k, v in data["ranges"].items()}
+        return cls(str(data["digest"]), ranges)
+
+
+@dataclass(frozen=True)
 class Plan:
     """Disjoint regions covering every node of the model's DataflowGraph."""
 
@@ -80,6 +100,11 @@ class Plan:
     versions: dict[str, str] = field(default_factory=tool_versions, compare=False)
     notes: dict[str, Any] = field(default_factory=dict, compare=False)
     model_file: ModelFile | None = None  # set: the model's own ONNX graph, whole (``ModelFile``)
+    calibration: Calibration | None = None  # set: the ranges of its int8 regions
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.scope.compute_precision for r in self.regions))
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -99,6 +124,8 @@ class Plan:
             "versions": self.versions,
             "notes": self.notes,
         }
+        if self.calibration is not None:
+            out["calibration"] = self.calibration.to_json()
         return out | ({"model_file": self.model_file.to_json()} if self.model_file else {})
 
     @classmethod
@@ -115,6 +142,9 @@ class Plan:
                 notes=dict(data.get("notes", {})),
                 model_file=ModelFile.from_json(data["model_file"])
                 if data.get("model_file")
+                else None,
+                calibration=Calibration.from_json(data["calibration"])
+                if data.get("calibration")
                 else None,
             )
         except (KeyError, TypeError, ValueError, ScopeError) as e:

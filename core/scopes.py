@@ -27,8 +27,9 @@ TARGET_DEVICE_TYPES: dict[str, str] = {
 }
 
 
-F32, BF16 = "f32", "bf16"
-PRECISIONS = (F32, BF16)
+F32, BF16, INT8 = "f32", "bf16", "int8"
+PRECISIONS = (F32, BF16, INT8)
+REDUCED = (BF16, INT8)  # the precisions that trade accuracy for speed, under a budget
 
 
 class ScopeError(ValueError):
@@ -103,7 +104,7 @@ class SEScope:
 
     @property
     def compute_precision(self) -> str:
-        """The precision the region computes in: ``f32`` or ``bf16``."""
+        """The precision the region computes in: ``f32``, ``bf16`` or ``int8``."""
         return self.precision or F32
 
     @property
@@ -267,15 +268,18 @@ class CompilationConfig:
         native: str = "tvm",
         bf16: tuple[str, ...] = (),
         one_thread: tuple[str, ...] = (),
+        int8: tuple[str, ...] = (),
     ) -> CompilationConfig:
-        """One f32 CPU scope per backend, a bf16 one for each backend in ``bf16``, and, on
-        more than one thread, a one-thread twin of each scope of the backends in
-        ``one_thread``; the native backend's f32 scope is the default and the host."""
+        """One f32 CPU scope per backend, a bf16 one for each backend in ``bf16``, an int8 one
+        for each in ``int8``, and, on more than one thread, a one-thread twin of each scope of
+        the backends in ``one_thread``; the native backend's f32 scope is the default and the
+        host."""
         if native not in backends:
             backends = [native, *backends]
         target = cpu_target(threads)
         prims = tuple(SEScope("cpu", 0, target, "global", b) for b in backends)
         prims += tuple(SEScope("cpu", 0, target, "global", b, BF16) for b in backends if b in bf16)
+        prims += tuple(SEScope("cpu", 0, target, "global", b, INT8) for b in backends if b in int8)
         if threads > 1:
             prims += tuple(replace(s, threads=1) for s in prims if s.backend in one_thread)
         default = next(s for s in prims if s.backend == native)

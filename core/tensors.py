@@ -3,6 +3,8 @@ inputs every measurement feeds, and any framework's outputs as numpy arrays."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -41,6 +43,24 @@ def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -
     if np.issubdtype(np.dtype(dtype), np.integer):
         return rng.integers(0, 2, size=shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
+
+
+def draw_like(inputs: Sequence[np.ndarray], seed: int) -> list[np.ndarray]:
+    """Another input set drawn like ``inputs``, so that data the user did not give still looks
+    like the model's: floats with each input's mean and spread, integers (token ids, indices)
+    within each input's range, booleans at random. Seeded: the same set for the same seed."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for a in inputs:
+        if a.dtype == bool:
+            out.append(rng.integers(0, 2, size=a.shape).astype(bool))
+        elif np.issubdtype(a.dtype, np.integer):
+            lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
+            out.append(rng.integers(lo, hi + 1, size=a.shape).astype(a.dtype))
+        else:
+            mean, std = (float(a.mean()), float(a.std())) if a.size else (0.0, 1.0)
+            out.append((mean + (std or 1.0) * rng.standard_normal(a.shape)).astype(a.dtype))
+    return out
 
 
 def flatten_outputs(out) -> list[np.ndarray]:

@@ -30,6 +30,36 @@ def tool_versions() -> dict[str, str]:
     return out
 
 
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags this CPU reports (``/proc/cpuinfo``; none where unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "flags:")
+    except OSError:
+        return frozenset()
+    return frozenset(line.split(":", 1)[1].split())
+
+
+def instruction_set() -> str:
+    """The reduced-precision instructions of this CPU, as benchmark tables name them: AMX
+    (bf16 and int8 tiles), VNNI (int8 dot products), else AVX2 or the plain ISA."""
+    flags = cpu_flags()
+    found = [
+        name
+        for name, flag in (
+            ("AMX-BF16", "amx_bf16"),
+            ("AMX-INT8", "amx_int8"),
+            ("AVX512-BF16", "avx512_bf16"),
+            ("AVX512-VNNI", "avx512_vnni"),
+            ("AVX-VNNI", "avx_vnni"),
+        )
+        if flag in flags
+    ]
+    if found:
+        return ", ".join(found)
+    return "AVX-512 (no VNNI)" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no SIMD"
+
+
 def cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` says."""
     cpu = platform.processor() or platform.machine()

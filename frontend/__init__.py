@@ -1,8 +1,9 @@
 """Layer 3 of 8, ``partune.frontend``: from what a user hands Partune to a Relax module.
 
-The loaders (zoo names, ONNX, torch ExportedProgram, TVMScript), ONNX-level folding, and the
-import pipeline of named passes (``frontend.pipeline``, ``frontend/passes``). Imports
-``partune.core`` and ``partune.backends`` (see docs/architecture.md).
+The loaders (zoo names, ONNX, torch ExportedProgram, TVMScript), the user's calibration and
+validation samples, ONNX-level folding, and the import pipeline of named passes
+(``frontend.pipeline``, ``frontend/passes``). Imports ``partune.core`` and ``partune.backends``
+(see docs/architecture.md).
 """
 
 from partune.core.exports import lazy_exports
@@ -14,6 +15,9 @@ __all__ = [
     "describe_runs",
     "load",
     "load_program",
+    "load_samples",
+    "split_samples",
+    "synthetic_samples",
 ]
 
 __getattr__, __dir__ = lazy_exports(
@@ -27,6 +31,11 @@ __getattr__, __dir__ = lazy_exports(
         "pipeline": (
             "describe_passes",
             "describe_runs",
+        ),
+        "samples": (
+            "load_samples",
+            "split_samples",
+            "synthetic_samples",
         ),
         "zoo": ("ZOO",),
     },

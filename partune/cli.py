@@ -285,19 +285,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument(
         "--precision",
-        choices=("f32", "bf16"),
+        choices=("f32", "bf16", "int8"),
         default="f32",
         help="f32: every region computes in f32, as the model does (default). bf16: regions "
         "may compute in bfloat16 where a backend has a real bf16 path (openvino, torch, tvm) and "
         "this CPU has bf16 instructions, each kept only where it measures faster, and "
-        "no plan whose error exceeds --tolerance is emitted",
+        "no plan whose error exceeds --tolerance is emitted. int8: regions may also run their "
+        "matmuls and convolutions in int8 (onnxruntime, openvino; weights per channel, "
+        "activations over ranges calibrated once on the model's inputs and draws like them), "
+        "bf16 where the CPU has it, or f32, whichever measures fastest within --tolerance",
     )
     t.add_argument(
         "--tolerance",
         type=float,
         default=1e-2,
         metavar="REL",
-        help="with --precision bf16: the largest relative error (||y - y_f32|| / ||y_f32||, "
+        help="with --precision bf16 or int8: the largest relative error (||y - y_f32|| / "
+        "||y_f32||, "
         "worst output) a plan may have against the model in f32, on the model's inputs "
         "and on a second seeded input set the search never uses (default 0.01)",
     )

@@ -11,9 +11,11 @@ __all__ = [
     "BF16_PEERS",
     "BuildPool",
     "DEFAULT_PEERS",
+    "INT8_PEERS",
     "LIBRARY_PEERS",
     "LocalRunner",
     "Lookahead",
+    "METRICS",
     "Measurement",
     "PEER_LABELS",
     "RPCRunner",
@@ -22,10 +24,13 @@ __all__ = [
     "build_model_file",
     "build_plan",
     "calibration_module",
+    "check_metric_fits",
     "compare_request",
-    "has_bf16",
+    "cosine_error",
+    "has_reduced",
     "install_codegen",
     "main_compiler",
+    "metric_error",
     "model_onnx",
     "model_origin",
     "overhead_request",
@@ -39,6 +44,7 @@ __all__ = [
     "split_cores",
     "time_callable",
     "time_interleaved",
+    "top1_disagreement",
     "tune_request",
     "unpin_search_process",
 ]
@@ -46,7 +52,14 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
-        "accuracy": ("has_bf16",),
+        "accuracy": (
+            "METRICS",
+            "check_metric_fits",
+            "cosine_error",
+            "has_reduced",
+            "metric_error",
+            "top1_disagreement",
+        ),
         "build_pool": (
             "BuildPool",
             "Lookahead",
@@ -66,6 +79,7 @@ __getattr__, __dir__ = lazy_exports(
             "region_request",
             "tune_request",
         ),
+        "int8_peers": ("INT8_PEERS",),
         "local": ("LocalRunner",),
         "peers": (
             "BF16_PEERS",

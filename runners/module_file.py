@@ -150,10 +150,14 @@ def inlined(request: Request) -> Request:
 
 
 def _inline_onnx(contender: Any) -> Any:
+    """A peer's ONNX file (and an int8 peer's f32 ``reference``) carried in its spec."""
     if not isinstance(contender, dict) or "onnx_file" not in contender:
         return contender
     data = base64.b64encode(Path(contender["onnx_file"]).read_bytes()).decode()
-    return {k: v for k, v in contender.items() if k != "onnx_file"} | {"onnx": data}
+    inlined = {k: v for k, v in contender.items() if k != "onnx_file"} | {"onnx": data}
+    if "reference" in contender:
+        inlined["reference"] = _inline_onnx(contender["reference"])
+    return inlined
 
 
 def load(request: PlanRequest | CompareRequest | CaptureRequest) -> Any:

@@ -21,6 +21,7 @@ import numpy as np
 from partune.backends import LIBRARIES, open_model_file
 from partune.core import last_line
 from partune.frontend import load_program
+from partune.runners.int8_peers import INT8_PEERS, QUANTIZERS
 
 Runnable = Callable[[], object]
 
@@ -149,6 +150,8 @@ PEER_LABELS = {
     "torch": "torch eager",
     "openvino bf16": "openvino bf16",
     "torch.compile bf16": "torch.compile bf16 (inductor, autocast)",
+    "onnxruntime int8": "onnxruntime int8",  # quantize_static on the file (``int8_peers``)
+    "openvino int8": "openvino int8",  # NNCF's quantize on the file
 }
 DEFAULT_PEERS = ("onnxruntime", "openvino", "torch.compile")
 # With --precision bf16, the peers at that precision too: OpenVINO's bf16 (its own default on
@@ -191,7 +194,10 @@ def available_peers(model, wanted: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def peer_specs(
-    model, wanted: tuple[str, ...] = DEFAULT_PEERS, folder: str | Path | None = None
+    model,
+    wanted: tuple[str, ...] = DEFAULT_PEERS,
+    folder: str | Path | None = None,
+    calibration: list[list[np.ndarray]] | None = None,
 ) -> dict[str, dict]:
     """Specs of the peers a user of ``model`` would pick instead of Partune.
 
@@ -201,7 +207,9 @@ def peer_specs(
     as base64 (``onnx``), once per peer: at 24 BERT-768 layers that was 2 GB of request text,
     escaped and copied on both sides. The torch peers need the module.
     A peer that cannot be packaged (an export that fails) is an "unavailable" spec with
-    its one-line reason; one the library cannot read fails where it is built.
+    its one-line reason; one the library cannot read fails where it is built. The int8 peers
+    (``partune.runners.int8_peers``) are the file quantized here on ``calibration``, written into
+    ``folder``, with the f32 file as their ``reference``.
     """
     specs: dict[str, dict] = {}
     libraries = [k for k in available_peers(model, wanted) if _library(k)]
@@ -216,7 +224,12 @@ def peer_specs(
                 onnx = {"onnx_file": str(path)}
             else:
                 onnx = {"onnx": base64.b64encode(model_onnx(model)).decode()}
-            specs |= {peer_label(k, model): _kind_fields(k) | onnx for k in libraries}
+            specs |= {
+                peer_label(k, model): _kind_fields(k) | onnx
+                for k in libraries
+                if k not in INT8_PEERS
+            }
+            specs |= _int8_specs(model, libraries, onnx, folder, calibration)
         except Exception as e:  # noqa: BLE001 - the exporters raise many kinds
             why = f"{model_origin(model)}: {last_line(e, 160)}"
             specs |= {peer_label(k, model): {"kind": "unavailable", "why": why} for k in libraries}
@@ -234,11 +247,37 @@ def peer_specs(
     return specs
 
 
+def _int8_specs(
+    model, libraries: list[str], onnx: dict, folder: str | Path | None, calibration
+) -> dict[str, dict]:
+    """The int8 peers asked for: the file quantized by each library's own tool (one line of
+    why where it cannot be)."""
+    specs: dict[str, dict] = {}
+    for kind in (k for k in libraries if k in INT8_PEERS):
+        label = peer_label(kind, model)
+        try:
+            if folder is None or not calibration:
+                raise RuntimeError("no calibration data to quantize with")
+            path = Path(folder) / f"peer.{kind.replace(' ', '-')}.onnx"
+            if not path.exists():
+                path.write_bytes(QUANTIZERS[kind](_onnx_of(onnx), calibration))
+            specs[label] = _kind_fields(kind) | {"onnx_file": str(path), "reference": onnx}
+        except Exception as e:  # noqa: BLE001 - the quantizers raise many kinds
+            specs[label] = {"kind": "unavailable", "why": f"cannot quantize: {last_line(e, 160)}"}
+    return specs
+
+
+def _compute_precision(spec: dict) -> str:
+    """The precision a library compiles a peer's file in: an int8 file computes as it stands."""
+    precision = spec.get("precision", "f32")
+    return "f32" if precision == "int8" else precision
+
+
 def make_peer(spec: dict, inputs: list[np.ndarray], threads: int) -> Runnable:
     """Build a peer from its spec, ready to time (compilation happens here, untimed)."""
     if spec["kind"] in LIBRARY_PEERS:
         return open_model_file(
-            spec["kind"], _onnx_of(spec), inputs, threads, spec.get("precision", "f32")
+            spec["kind"], _onnx_of(spec), inputs, threads, _compute_precision(spec)
         ).prepare(inputs)
     if spec["kind"] == "torch.compile":
         return torch_compile(
@@ -260,7 +299,8 @@ def _onnx_of(spec: dict) -> bytes:
 
 def peer_error(spec: dict, inputs: list[np.ndarray], threads: int) -> float | None:
     """A reduced-precision peer's relative error against the same library (or torch.compile) on
-    the same model in f32 (``partune.runners.accuracy``); None for an f32 peer."""
+    the same model in f32 (an int8 peer's ``reference`` file; ``partune.runners.accuracy``);
+    None for an f32 peer."""
     if spec.get("precision", "f32") == "f32":
         return None
     from partune.runners.accuracy import plan_error
@@ -273,9 +313,10 @@ def peer_error(spec: dict, inputs: list[np.ndarray], threads: int) -> float | No
             inputs,
         )
     data = _onnx_of(spec)
+    reference = _onnx_of(spec["reference"]) if "reference" in spec else data
     return plan_error(
-        open_model_file(spec["kind"], data, inputs, threads, spec["precision"]),
-        open_model_file(spec["kind"], data, inputs, threads),
+        open_model_file(spec["kind"], data, inputs, threads, _compute_precision(spec)),
+        open_model_file(spec["kind"], reference, inputs, threads),
         inputs,
     )
 

@@ -145,7 +145,7 @@ def measure_plan(req: PlanRequest) -> MeasurementReply:
     peak = memory.peak_bytes()
     footprint = peak - before if reset and peak is not None and before is not None else None
     error = None
-    if accuracy.has_bf16(plan):
+    if accuracy.has_reduced(plan):
         error = accuracy.plan_error(
             built, build_plan_here(accuracy.f32_twin(plan), mod, graph), inputs
         )

@@ -23,6 +23,7 @@ from partune.core import (
     SubGraph,
     casts,
     main_bindings,
+    quantizes,
     single_backend_plan,
 )
 from partune.search.rules import RuleContext, rule_for_style
@@ -88,12 +89,20 @@ def accepted_nodes(func: relax.Function, backend: str) -> set[int]:
     return {i for i, b in enumerate(main_bindings(func)) if impl.accepts(b)}
 
 
-def bf16_nodes(func: relax.Function, config: CompilationConfig) -> frozenset[int]:
-    """The nodes bf16 computes faster (``partune.core.bf16.casts``): a bf16 region holds one.
-    Empty where ``config`` offers no bf16."""
-    if "bf16" not in config.precisions:
-        return frozenset()
-    return frozenset(i for i, b in enumerate(main_bindings(func)) if casts(b.value))
+# What each reduced precision computes faster: a region in it must hold one such node. Under
+# TVM it would otherwise compute exactly as in f32; elsewhere it gains little but pays its
+# borders (``partune.core.bf16.casts``, ``partune.core.int8.quantizes``).
+_FASTER = {"bf16": casts, "int8": quantizes}
+
+
+def precision_nodes(func: relax.Function, config: CompilationConfig) -> dict[str, frozenset[int]]:
+    """Per reduced precision ``config`` offers, the nodes it computes faster."""
+    bindings = main_bindings(func)
+    return {
+        p: frozenset(i for i, b in enumerate(bindings) if faster(b.value))
+        for p, faster in _FASTER.items()
+        if p in config.precisions
+    }
 
 
 def backend_plan(
@@ -123,8 +132,8 @@ def enumerate_candidates(
     match = _matcher(func)
     out: dict[tuple[int, int], Candidate] = {}  # (node set, scope number) -> its first candidate
     number: dict[SEScope, int] = {}  # equal scopes share a number (a scope's hash is not cheap)
-    proposed: dict[str, list] = {}  # a backend's proposals, shared by its scopes (f32, bf16)
-    bf16_mask = sum(1 << i for i in bf16_nodes(func, config))
+    proposed: dict[str, list] = {}  # a backend's proposals, shared by its scopes (f32, bf16, int8)
+    masks = {p: sum(1 << i for i in nodes) for p, nodes in precision_nodes(func, config).items()}
     for scope in config.primitives:
         if scope.threads:
             # A one-thread twin competes whole (single-library plans) and in refinement, not per
@@ -137,10 +146,10 @@ def enumerate_candidates(
             ok = accepted_nodes(func, scope.backend)
             rule = rule_for_style(backend.fusion_style.value, backend.patterns())
             proposed[scope.backend] = rule.propose(RuleContext(graph, ok.__contains__, match))
-        bf16 = scope.compute_precision == "bf16"
+        faster = masks.get(scope.compute_precision)
         for prop in proposed[scope.backend]:
-            if bf16 and not prop.subgraph.mask & bf16_mask:
-                continue  # nothing in it that bf16 computes faster (``partune.core.bf16.casts``)
+            if faster is not None and not prop.subgraph.mask & faster:
+                continue  # nothing in it that its precision computes faster
             if all(scope.compatible(pins[n]) for n in prop.subgraph.nodes if n in pins):
                 out.setdefault((prop.subgraph.mask, at), Candidate(prop.subgraph, scope, prop.rule))
     return sorted(out.values(), key=lambda c: (c.subgraph.nodes[0], len(c.subgraph), c.backend))

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from partune.backends import registry
-from partune.core import PartuneError, clean_error, plan_key
-from partune.runners import has_bf16
+from partune.core import REDUCED, PartuneError, clean_error, plan_key
+from partune.runners import has_reduced
 from partune.search.budget import PATIENCE, TRIALS_CAP
 from partune.search.candidates import accepted_nodes
 from partune.search.refine import refine, search_space
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 def refinement(session: SessionView) -> None:
     """Plan variants around the DP's plan, proposed by Optuna and measured end to end."""
-    from partune.search.candidates import bf16_nodes
+    from partune.search.candidates import precision_nodes
     from partune.search.verdict import refine_study_name
 
     opts, result = session.options, session.result
@@ -45,7 +45,10 @@ def refinement(session: SessionView) -> None:
         if b not in session.autotuned
     }
     space = search_space(
-        result.dp_plan, session.config, accepted, bf16_nodes(session.mod["main"], session.config)
+        result.dp_plan,
+        session.config,
+        accepted,
+        precision_nodes(session.mod["main"], session.config),
     )
     result.refine_study = refine_study_name(session.graph, result.dp_plan, opts.memory, space)
 
@@ -102,10 +105,10 @@ def pick_finalists(session: SessionView) -> dict[str, Plan]:
         )
     picked: dict[str, str] = {}  # plan key -> label: one label per distinct plan
     mirrors = [f"{b}-only" for b in session.backends if registry.get(b).level.value == "compiler"]
-    f32 = None  # with bf16 on offer, the fastest all-f32 plan is in too: never emitted slower
-    if "bf16" in session.config.precisions:
+    f32 = None  # with bf16 or int8 on offer, the fastest all-f32 plan is in too: never slower
+    if set(REDUCED) & set(session.config.precisions):
         f32 = min(
-            (label for label in ok if not has_bf16(result.plans[label])),
+            (label for label in ok if not has_reduced(result.plans[label])),
             key=lambda label: ok[label].cost_s,
             default=None,
         )

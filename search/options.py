@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from partune.core import Plan, SEScope
 from partune.cost_models import CostModel
 from partune.runners import DEFAULT_PEERS, BuildPool
@@ -30,9 +32,11 @@ class TuneOptions:
     tune_trials: int = 32
     build_pool: BuildPool | None = None
     precision: str = (
-        "f32"  # "bf16": regions may compute in bf16 where a backend can (``search.precision``)
+        "f32"  # "bf16": regions may compute in bf16 where a backend can (``search.precision``);
+        # "int8": in int8 too (``search.int8_calibration``)
     )
-    tolerance: float | None = None  # with bf16: the largest relative error a plan may have
+    tolerance: float | None = None  # with bf16 or int8: the largest relative error a plan may have
+    calibration: tuple[list[np.ndarray], ...] = ()  # int8's samples (none: drawn like the inputs)
     one_thread_regions: bool = (
         True  # on many threads, library regions may run on one (``SEScope.threads``)
     )

@@ -1,12 +1,14 @@
-"""bf16 regions within the user's accuracy budget (``--precision bf16 --tolerance REL``).
+"""bf16 and int8 regions within the user's accuracy budget (``--precision bf16|int8
+--tolerance REL``).
 
-Each bf16 region is measured like any candidate, and the DP takes it where it is faster.
+Each bf16 or int8 region is measured like any candidate, and the DP takes it where it is faster.
 But errors that are small per region add up through a model, so the budget is judged on
-whole plans only: every plan with bf16 regions is measured end to end with its error
+whole plans only: every plan with such regions is measured end to end with its error
 against its f32 twin (``partune.runners.accuracy``), and a plan over budget counts as
 failed for everything that chooses (the DP's rounds, refinement, the finalists, the
-emitted plan). When the DP's plan is over budget, ``repair`` hands its bf16 regions back
-to f32, those that gained least first, until a plan is within budget.
+emitted plan). When the DP's plan is over budget, ``repair`` hands its reduced regions
+back to f32, those that cost least speed per unit of error first, until a plan is within
+budget.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from partune.runners import Measurement, has_bf16
+from partune.runners import Measurement, has_reduced
 
 if TYPE_CHECKING:
     from partune.core import Plan, Region
     from partune.search.session_view import SessionView
 
-MAX_REPAIRS = 4  # plans measured while handing bf16 regions back, before all go back at once
+MAX_REPAIRS = 4  # plans measured while handing regions back, before all go back at once
+MAX_SENSITIVITIES = 8  # reduced regions whose errors alone are measured to order the repair
 
 
 def over_budget(m: Measurement, tolerance: float | None) -> bool:
@@ -52,20 +55,52 @@ def _in_f32(s: SessionView, region: Region) -> Region:
 
 
 def gain_s(s: SessionView, region: Region) -> float:
-    """What a bf16 region saves over the same region in f32 (0 when either was not measured)."""
-    bf16, f32 = s.stored_cost(region), s.stored_cost(_in_f32(s, region))
-    return f32 - bf16 if bf16 is not None and f32 is not None else 0.0
+    """What a bf16 or int8 region saves over the same region in f32 (0 when either was not
+    measured)."""
+    reduced, f32 = s.stored_cost(region), s.stored_cost(_in_f32(s, region))
+    return f32 - reduced if reduced is not None and f32 is not None else 0.0
+
+
+def sensitivity(s: SessionView, plan: Plan, index: int) -> float | None:
+    """The error of ``plan``'s region ``index`` alone: the plan with that region as it is and
+    every other in f32, measured end to end (None where that failed to run)."""
+    regions = tuple(r if i == index else _in_f32(s, r) for i, r in enumerate(plan.regions))
+    alone = replace(plan, regions=regions, notes={**plan.notes, "kind": "sensitivity"})
+    m = s.measure(alone, f"sensitivity of region {index}")
+    return m.rel_error if m is not None else None
+
+
+def revert_order(gains: dict[int, float], errors: dict[int, float | None]) -> list[int]:
+    """The reduced regions in the order they go back to f32: least speed lost per unit of error
+    first (a region whose error is unknown goes last among equals; one with no error at all
+    costs speed for nothing, so it goes last)."""
+
+    def speed_per_error(i: int) -> float:
+        err = errors.get(i)
+        if err is None:
+            return float("inf")
+        return gains[i] / err if err > 0 else float("inf")
+
+    return sorted(gains, key=lambda i: (speed_per_error(i), gains[i]))
 
 
 def repair(s: SessionView, plan: Plan, label: str) -> str | None:
-    """Variants of an over-budget ``plan`` with bf16 regions handed back to f32, the least
-    gainful first, each measured; the label of the first within budget (None if none)."""
-    order = sorted(
-        (i for i, r in enumerate(plan.regions) if r.scope.compute_precision == "bf16"),
-        key=lambda i: gain_s(s, plan.regions[i]),
-    )
-    if not order:
+    """Variants of an over-budget ``plan`` with bf16 and int8 regions handed back to f32, those
+    that cost least speed per unit of error first (``revert_order``; each region's error alone,
+    its ``sensitivity``, measured when the plan has at most ``MAX_SENSITIVITIES`` of them, else
+    the least gainful first), each measured; the label of the first within budget (None if
+    none)."""
+    reduced = [i for i, r in enumerate(plan.regions) if r.scope.compute_precision != "f32"]
+    if not reduced:
         return None
+    gains = {i: gain_s(s, plan.regions[i]) for i in reduced}
+    errors = (
+        {i: sensitivity(s, plan, i) for i in reduced}
+        if 1 < len(reduced) <= MAX_SENSITIVITIES
+        else {i: 1.0 for i in reduced}
+    )
+    order = revert_order(gains, errors)
+    names = "/".join(p for p in plan.precisions if p != "f32")
     # Hand back one region at a time, then (if still over) every region at once.
     steps = [order[: k + 1] for k in range(min(MAX_REPAIRS, len(order) - 1))] + [order]
     for step, back in enumerate(steps, start=1):
@@ -73,10 +108,10 @@ def repair(s: SessionView, plan: Plan, label: str) -> str | None:
         variant = replace(
             plan, regions=regions, notes={**plan.notes, "kind": "collage dp, within budget"}
         )
-        name = f"{label} (bf16 within budget {step})"
+        name = f"{label} ({names} within budget {step})"
         if not s.offer(name, variant):
             continue
         m = s.end_to_end(name, variant)
-        if m.ok or not has_bf16(variant):
+        if m.ok or not has_reduced(variant):
             return name
     return None

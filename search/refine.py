@@ -48,7 +48,7 @@ def search_space(
     base: Plan,
     config: CompilationConfig,
     accepted: dict[str, set[int]],
-    bf16: frozenset[int] = frozenset(),
+    faster: dict[str, frozenset[int]] | None = None,
 ) -> list[list[str]]:
     """Per region of ``base``: keep, or a scope of a backend that accepts every one of its
     nodes (named by ``SEScope.choice``: ``backend``, ``backend/bf16``, ``backend/1t``; a
@@ -56,9 +56,11 @@ def search_space(
 
     Moving a region to the native backend (untuned TVM) is offered for small regions only:
     glue is where it wins, and each big one costs a long build to learn that it loses. A
-    bf16 scope is offered to a region that holds one of the ``bf16`` nodes
-    (``partune.search.candidates.bf16_nodes``), as for candidates.
+    scope in a reduced precision is offered to a region that holds one of the nodes that
+    precision computes ``faster`` (``partune.search.candidates.precision_nodes``), as for
+    candidates.
     """
+    faster = faster or {}
     native = config.default.backend
     offered = [s for s in config.primitives if s.backend in accepted]
     out = []
@@ -69,7 +71,7 @@ def search_space(
             if s != r.scope
             and set(r.nodes) <= accepted[s.backend]
             and (s.backend != native or len(r.nodes) <= NATIVE_MOVE_MAX_NODES)
-            and (s.compute_precision != "bf16" or not bf16.isdisjoint(r.nodes))
+            and not faster.get(s.compute_precision, set(r.nodes)).isdisjoint(r.nodes)
         ]
         out.append([KEEP, *sorted(moves)])
     return out

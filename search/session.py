@@ -27,12 +27,17 @@ import numpy as np
 
 from partune.backends import registry
 from partune.core import (
+    INT8,
+    PRECISIONS,
+    REDUCED,
+    Calibration,
     CompilationConfig,
     Plan,
     Region,
     SEScope,
     candidate_key,
     clean_error,
+    draw_like,
     last_line,
     plan_key,
     region_label,
@@ -54,6 +59,7 @@ from partune.search.calibration import CalibrationView, calibrate
 from partune.search.candidates import Candidate, backend_plan, enumerate_candidates
 from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from partune.search.finalists import pick_finalists, refinement
+from partune.search.int8_calibration import calibrate_int8
 from partune.search.options import TuneOptions
 from partune.search.precision import budgeted, overran, repair
 from partune.search.pruning import features, prune
@@ -70,6 +76,7 @@ HOPELESS = 10.0
 NOT_MEASURED = (
     "not measured"  # how such a plan's measurement begins (the summary shows it as skipped)
 )
+SYNTHETIC_SAMPLES = 4  # int8 calibrated on the model's inputs and three draws like them
 MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regions
 # With a cost model, an unmeasured candidate enters the DP at this share of its predicted
 # cost: a prediction a little too high then still gets the candidate tried (measured) when
@@ -97,11 +104,13 @@ class SearchSession:
         )
         self.progress = options.progress or Progress()
         self.graph, self.mod = model.graph, model.mod
-        bf16 = registry.bf16_names(backends) if options.precision == "bf16" else ()
+        bf16 = registry.bf16_names(backends) if options.precision in REDUCED else ()
+        int8 = registry.int8_names(backends) if options.precision == INT8 else ()
         fewer = registry.threads_per_region_names(backends) if options.one_thread_regions else ()
         self.config = CompilationConfig.for_cpu(
-            backends, options.threads, bf16=bf16, one_thread=fewer
+            backends, options.threads, bf16=bf16, one_thread=fewer, int8=int8
         )
+        self.calibration: Calibration | None = None  # int8's ranges, measured before any plan
         self.cands = [
             c
             for c in enumerate_candidates(self.mod, self.graph, self.config, options.pins)
@@ -147,6 +156,8 @@ class SearchSession:
             self.learn()
         self.adjust = self.calibrate()
         self.result.adjust_s = {scope_name(k): v for k, v in self.adjust.items()}
+        if INT8 in self.config.precisions:
+            self.calibration = calibrate_int8(self, self.int8_samples())
         opts = self.options
         tune_s = opts.tune_budget_s or (opts.budget.tuning_s() if opts.budget is not None else 0.0)
         if self.autotuned and tune_s > 0:
@@ -346,7 +357,7 @@ class SearchSession:
         self,
         allowed: set[str],
         border: BorderModel | None = None,
-        precisions: tuple[str, ...] = ("f32", "bf16"),
+        precisions: tuple[str, ...] = PRECISIONS,
     ) -> tuple[Cover, Plan] | None:
         """The cheapest cover over ``allowed`` backends in ``precisions``; predicted regions it
         picks are measured."""
@@ -375,16 +386,35 @@ class SearchSession:
             self.measure_candidates(guessed)
             self.learn()
         regions = tuple(Region(c.subgraph.nodes, c.scope, self.cost(c)) for c in cover.candidates)
-        return cover, Plan(
-            self.model.name,
-            self.graph.fingerprint,
-            self.config,
-            regions,
-            notes={"kind": "collage dp", "estimate_s": cover.cost_s},
+        return cover, self.with_ranges(
+            Plan(
+                self.model.name,
+                self.graph.fingerprint,
+                self.config,
+                regions,
+                notes={"kind": "collage dp", "estimate_s": cover.cost_s},
+            )
         )
+
+    def int8_samples(self) -> list[list[np.ndarray]]:
+        """What int8 is calibrated on: the user's samples, else the model's inputs and draws
+        like them (never the held-out set the plans' errors are judged on)."""
+        if self.options.calibration:
+            return list(self.options.calibration)
+        inputs = list(self.model.inputs)
+        return [inputs] + [draw_like(inputs, seed) for seed in range(1, SYNTHETIC_SAMPLES)]
+
+    def with_ranges(self, plan: Plan) -> Plan:
+        """``plan`` with the int8 ranges where it has int8 regions (the ranges are the plan's:
+        its export computes with them). Every plan the session makes gets them where it is made
+        (the DP's), or where it is offered or measured, so its key is the same everywhere."""
+        if INT8 in plan.precisions and plan.calibration is None:
+            return replace(plan, calibration=self.calibration)
+        return plan
 
     def offer(self, label: str, plan: Plan, always: bool = False) -> bool:
         """Make ``plan`` a contender under ``label``; False when an equal plan already is one."""
+        plan = self.with_ranges(plan)
         key = plan_key(plan)
         if key in self.label_of and not always:
             return False
@@ -408,6 +438,7 @@ class SearchSession:
     ) -> Measurement | None:
         """``plan`` end to end; ``fresh``: in a new worker process, so its peak memory is its own.
         Without ``wait``, None when another worker is measuring it (come back for it)."""
+        plan = self.with_ranges(plan)
         m, took = self.obtain(
             plan_key(plan) + (":fresh" if fresh else ""),
             lambda: self.runner.run(
@@ -449,12 +480,12 @@ class SearchSession:
             self.result.cover, self.result.dp_plan = found
             self.result.dp_label = "partune dp"
             self.offer("partune dp", found[1])
-        if "bf16" in self.config.precisions and (
+        if set(REDUCED) & set(self.config.precisions) and (
             f32 := self.dp(set(self.backends), precisions=("f32",))
         ):
             self.offer(
                 "partune dp (f32)", f32[1]
-            )  # what the DP takes without bf16: never emitted slower
+            )  # what the DP takes in f32 alone: never emitted slower
         self.second_opinions()
         proposed = dict(self.result.plans)
         for b in self.backends:

@@ -12,7 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from partune.core import PRECISIONS
+
 if TYPE_CHECKING:
+    import numpy as np
     import tvm
 
     from partune.core import CompilationConfig, DataflowGraph, Plan, Region, SEScope
@@ -74,9 +77,11 @@ class SessionView(Protocol):
         self,
         allowed: set[str],
         border: BorderModel | None = None,
-        precisions: tuple[str, ...] = ("f32", "bf16"),
+        precisions: tuple[str, ...] = PRECISIONS,
     ) -> tuple[Cover, Plan] | None: ...
 
     def hopeless(self, estimate_s: float) -> Measurement | None: ...
+
+    def int8_samples(self) -> list[list[np.ndarray]]: ...
 
     def second_opinions(self, border: BorderModel | None = None, suffix: str = "") -> list[str]: ...

@@ -26,6 +26,7 @@ from partune.core import (
 )
 from partune.runners import (
     BF16_PEERS,
+    INT8_PEERS,
     LIBRARY_PEERS,
     Measurement,
     available_peers,
@@ -101,11 +102,13 @@ def refine_study_name(
 
 
 def _wanted(s: SessionView) -> tuple[str, ...]:
-    """The peers of the verdict: those asked for that the model can have (with bf16 on offer,
-    the bf16 peers of the libraries asked for too)."""
-    bf16 = BF16_PEERS if "bf16" in s.config.precisions else ()
+    """The peers of the verdict: those asked for that the model can have (with bf16 or int8 on
+    offer, the bf16 and int8 peers of the libraries asked for too)."""
+    reduced = (BF16_PEERS if "bf16" in s.config.precisions else ()) + (
+        INT8_PEERS if "int8" in s.config.precisions else ()
+    )
     return available_peers(
-        s.model, s.options.peers + tuple(p for p in bf16 if p.split()[0] in s.options.peers)
+        s.model, s.options.peers + tuple(p for p in reduced if p.split()[0] in s.options.peers)
     )
 
 
@@ -153,7 +156,7 @@ def judge(s: SessionView, finalists: dict[str, Plan]) -> None:
     s.progress.start_phase("plans vs peers, interleaved", 1)
     while not all(key + label in store for label in labels):
         if store.claims.claim(key) or _never_stored(store, key, labels):
-            specs = peer_specs(model, wanted, s.module_file.parent)
+            specs = peer_specs(model, wanted, s.module_file.parent, s.int8_samples())
             request = compare_request(s.module_file, finalists, specs, model.inputs, VERDICT_ROUNDS)
             measured = s.runner.compare(
                 request, timeout_s=max(VERDICT_TIMEOUT_S, s.runner.timeout_s)

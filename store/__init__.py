@@ -11,6 +11,7 @@ __all__ = [
     "FIRST_POLL_S",
     "MEMORY",
     "MeasurementStore",
+    "Notes",
     "POLL_S",
     "STUDY_PREFIX",
     "alive",
@@ -42,5 +43,6 @@ __getattr__, __dir__ = lazy_exports(
             "shown",
             "with_driver",
         ),
+        "notes": ("Notes",),
     },
 )

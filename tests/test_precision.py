@@ -19,7 +19,7 @@ from partune.core.graph import DataflowGraph
 from partune.core.keys import candidate_key
 from partune.core.plan import Plan, Region, single_backend_plan
 from partune.core.scopes import CompilationConfig, ScopeError, SEScope, cpu_target
-from partune.runners.accuracy import f32_twin, has_bf16, held_out_inputs, relative_error
+from partune.runners.accuracy import f32_twin, has_reduced, held_out_inputs, relative_error
 from partune.runners.local import LocalRunner
 from partune.runners.timing import Measurement
 from partune.search.candidates import accepted_nodes
@@ -168,14 +168,14 @@ def test_tvm_bf16_casts_the_operands_of_matmuls_and_convolutions_only():
 def test_bf16_is_offered_only_to_regions_holding_a_matmul_or_convolution():
     """A region with none would compute under TVM exactly as in f32 (a second key for the same
     thing, seen winning by noise with "error 0.0" and "100% in bf16"); elsewhere it gains little."""
-    from partune.search.candidates import bf16_nodes, enumerate_candidates
+    from partune.search.candidates import enumerate_candidates, precision_nodes
     from partune.search.refine import search_space
     from partune.search.verdict import refine_study_name
 
     func, graph = Convs["main"], DataflowGraph.from_function(Convs["main"])
     config = CompilationConfig.for_cpu(["tvm", "openvino"], bf16=("tvm", "openvino"))
-    cast = bf16_nodes(func, config)
-    assert not bf16_nodes(func, CompilationConfig.for_cpu(["tvm", "openvino"]))  # no bf16 on offer
+    cast = precision_nodes(func, config)["bf16"]
+    assert not precision_nodes(func, CompilationConfig.for_cpu(["tvm", "openvino"]))  # no bf16
     assert [graph.nodes[i].op for i in sorted(cast)] == [
         "nn.conv2d",
         "matmul",
@@ -190,7 +190,7 @@ def test_bf16_is_offered_only_to_regions_holding_a_matmul_or_convolution():
         "convs", graph.fingerprint, config, tuple(Region((n,), tvm_f32) for n in range(len(graph)))
     )
     accepted = {b: accepted_nodes(func, b) for b in ("tvm", "openvino")}
-    space = search_space(split, config, accepted, cast)
+    space = search_space(split, config, accepted, {"bf16": cast})
     assert all(
         any(c.endswith("/bf16") for c in moves) == (i in cast) for i, moves in enumerate(space)
     )
@@ -310,7 +310,7 @@ def test_the_search_never_emits_a_plan_over_budget(tolerance):
     assert [
         label
         for label in result.end_to_end
-        if label.startswith("partune dp") and not has_bf16(result.plans[label])
+        if label.startswith("partune dp") and not has_reduced(result.plans[label])
     ]
     # OpenVINO in bf16 is a peer too, with its error; over the budget, it is no bar to beat.
     verdict = result.verdict
@@ -322,7 +322,7 @@ def test_the_search_never_emits_a_plan_over_budget(tolerance):
     f32_finalists = [
         label
         for label in verdict.measurements
-        if label in result.plans and not has_bf16(result.plans[label])
+        if label in result.plans and not has_reduced(result.plans[label])
     ]
     assert f32_finalists
     chosen = plan.notes["chosen_as"]

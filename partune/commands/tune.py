@@ -66,7 +66,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             tune_trials=args.tune_trials,
             build_pool=pool,
             precision=args.precision,
-            tolerance=args.tolerance if args.precision == "bf16" else None,
+            tolerance=args.tolerance if args.precision != "f32" else None,
             one_thread_regions=args.fewer_threads == "on",
         )
     except KeyboardInterrupt:
@@ -149,8 +149,8 @@ def _prepare(args: argparse.Namespace) -> _Job:
         retry_failed=args.retry_failed,
     )
     study_name = args.study or f"{model.name}:{','.join(named)}" + (
-        f":bf16<={args.tolerance:g}" if args.precision == "bf16" else ""
-    ) + (  # an f32 job never resumes a bf16 plan
+        f":{args.precision}<={args.tolerance:g}" if args.precision != "f32" else ""
+    ) + (  # an f32 job never resumes a bf16 or int8 plan
         ":same-threads" if args.fewer_threads == "off" and args.threads > 1 else ""
     )
     peers = tuple(p for p in args.peers.split(",") if p and p != "none")
@@ -230,10 +230,22 @@ def _backends(
 
 
 def _check_precision(args: argparse.Namespace, backends: list[str]) -> None:
-    """bf16 only where it is real: a CPU with bf16 instructions, a backend with a bf16 path."""
+    """bf16 only where it is real: a CPU with bf16 instructions, a backend with a bf16 path;
+    int8 where a backend runs it."""
     from partune.backends import registry
     from partune.core import PartuneError
 
+    if args.precision == "int8":
+        if not registry.int8_names(backends):
+            offering = [n for n in registry.default_names() if registry.get(n).int8]
+            raise PartuneError(
+                f"--precision int8: none of {', '.join(backends)} runs int8 "
+                f"(add {' or '.join(offering)} to --backends)"
+            )
+    if args.precision == "f32":
+        return
+    if not args.tolerance > 0:
+        raise PartuneError(f"--tolerance must be a relative error above 0, not {args.tolerance:g}")
     if args.precision != "bf16":
         return
     if not registry.cpu_has_bf16():
@@ -247,8 +259,6 @@ def _check_precision(args: argparse.Namespace, backends: list[str]) -> None:
             f"--precision bf16: none of {', '.join(backends)} has a bf16 path "
             f"(add {' or '.join(offering)} to --backends)"
         )
-    if not args.tolerance > 0:
-        raise PartuneError(f"--tolerance must be a relative error above 0, not {args.tolerance:g}")
 
 
 def _finish(args: argparse.Namespace, job: _Job, result, notes: list[str]) -> int:
