@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-bf16 bench-single clean
+.PHONY: demo test lint bench bench-bf16 bench-precision bench-single clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -46,6 +46,13 @@ bench: $(STAMP)
 bench-bf16: $(STAMP)
 	$(BIN)/python experiments/bench_bf16.py
 	$(BIN)/python experiments/bench_bf16.py --threads all
+
+# Mixed precision (int8, bf16, f32 regions) within a 1e-2 relative-error budget, against the
+# fastest f32 peer and the fastest peer that budget allows (onnxruntime and OpenVINO int8 count
+# only within it); at one thread and at every core, in a store of its own.
+bench-precision: $(STAMP)
+	$(BIN)/python experiments/bench_precision.py
+	$(BIN)/python experiments/bench_precision.py --threads all
 
 bench-single: $(STAMP)
 	$(BIN)/python experiments/bench_single_backends.py

@@ -306,6 +306,30 @@ def build_parser() -> argparse.ArgumentParser:
         "and on a second seeded input set the search never uses (default 0.01)",
     )
     t.add_argument(
+        "--calibration",
+        metavar="PATH",
+        help="with --precision int8 or bf16: your samples, a folder of .npz files (one a "
+        "sample, an array per input name; .npy for a one-input model) or one .npz of samples "
+        "stacked on a leading axis. int8 ranges are calibrated on them and, without "
+        "--validation, the last quarter is held out to judge errors on. Without it, the "
+        "model's inputs and draws like them are used, and the summary says so",
+    )
+    t.add_argument(
+        "--validation",
+        metavar="PATH",
+        help="samples (as --calibration) that the search never calibrates on: every plan's "
+        "and peer's error is judged on them",
+    )
+    t.add_argument(
+        "--metric",
+        choices=("rel", "cosine", "top1"),
+        default="rel",
+        help="how errors are judged against f32, bounded by --tolerance: rel (||y - y_f32|| / "
+        "||y_f32||, worst output and sample; the default), cosine (1 - cosine similarity, worst "
+        "sample), top1 (the share of rows whose top class, the first output's last axis, "
+        "differs: --tolerance 0.01 is 99%% agreement)",
+    )
+    t.add_argument(
         "--fewer-threads",
         choices=("on", "off"),
         default="on",

@@ -71,9 +71,13 @@ def plan_error(
     run: Callable[[list[np.ndarray]], list[np.ndarray]],
     reference: Callable[[list[np.ndarray]], list[np.ndarray]],
     inputs: list[np.ndarray],
+    validation: tuple[list[list[np.ndarray]], str] | None = None,
 ) -> float:
-    """``run``'s largest relative error against ``reference`` on ``inputs`` and on the held-out
-    set."""
+    """``run``'s error against ``reference``: on ``validation`` (the user's samples and metric,
+    ``metric_error``), else the largest relative error on ``inputs`` and on the held-out set."""
+    if validation is not None:
+        samples, metric = validation
+        return metric_error(metric, [run(x) for x in samples], [reference(x) for x in samples])
     return max(relative_error(run(x), reference(x)) for x in (inputs, held_out_inputs(inputs)))
 
 

@@ -24,6 +24,7 @@ from partune.runners.protocol import (
     PlanRequest,
     RegionRequest,
     TuneRequest,
+    Validation,
     encode_array,
 )
 from partune.runners.timing import Protocol
@@ -207,6 +208,7 @@ def plan_request(
     inputs: list[np.ndarray],
     protocol: dict | None = None,
     fresh: bool = False,
+    validation: Validation | None = None,
 ) -> PlanRequest:
     """A request to build and time the whole model under ``plan``: ``model`` is its
     ``tvm.ir.save_json`` text, or a file holding it (``partune.runners.module_file``).
@@ -220,6 +222,7 @@ def plan_request(
         tuple(encode_array(a) for a in inputs),
         Protocol(**(protocol or {})),
         fresh,
+        validation,
     )
 
 
@@ -229,12 +232,13 @@ def compare_request(
     peers: dict[str, dict],
     inputs: list[np.ndarray],
     rounds: int = 5,
+    validation: Validation | None = None,
 ) -> CompareRequest:
     """A request to time plans and peers (``partune.runners.peers`` specs) in one process,
     interleaved; ``model`` as for ``plan_request``."""
     contenders: dict[str, Plan | dict] = {**plans, **peers}
     return CompareRequest(
-        ModelRef.of(model), contenders, tuple(encode_array(a) for a in inputs), rounds
+        ModelRef.of(model), contenders, tuple(encode_array(a) for a in inputs), rounds, validation
     )
 
 

@@ -297,10 +297,10 @@ def _onnx_of(spec: dict) -> bytes:
     )
 
 
-def peer_error(spec: dict, inputs: list[np.ndarray], threads: int) -> float | None:
+def peer_error(spec: dict, inputs: list[np.ndarray], threads: int, validation=None) -> float | None:
     """A reduced-precision peer's relative error against the same library (or torch.compile) on
     the same model in f32 (an int8 peer's ``reference`` file; ``partune.runners.accuracy``);
-    None for an f32 peer."""
+    None for an f32 peer. ``validation``: the user's samples and metric, as for plans."""
     if spec.get("precision", "f32") == "f32":
         return None
     from partune.runners.accuracy import plan_error
@@ -311,6 +311,7 @@ def peer_error(spec: dict, inputs: list[np.ndarray], threads: int) -> float | No
             _torch_outputs(module, threads, spec["precision"]),
             _torch_outputs(module, threads, "f32"),
             inputs,
+            validation,
         )
     data = _onnx_of(spec)
     reference = _onnx_of(spec["reference"]) if "reference" in spec else data
@@ -318,6 +319,7 @@ def peer_error(spec: dict, inputs: list[np.ndarray], threads: int) -> float | No
         open_model_file(spec["kind"], data, inputs, threads, _compute_precision(spec)),
         open_model_file(spec["kind"], reference, inputs, threads),
         inputs,
+        validation,
     )
 
 

@@ -121,7 +121,37 @@ class ModelRef:
 _MODEL: _Codec = (ModelRef.to_json, ModelRef.from_json)
 
 
-PROTOCOL_VERSION = 3
+@dataclass(frozen=True)
+class Validation:
+    """What a reduced-precision plan's (or peer's) error is judged on: the user's validation
+    ``samples`` (each a tuple of base64 ``.npy`` arrays, in model input order) by ``metric``
+    (``partune.runners.accuracy.METRICS``). A request without one is judged as before: on its
+    inputs and the held-out draw like them, by relative error."""
+
+    samples: tuple[tuple[str, ...], ...]
+    metric: str = "rel"
+
+    @classmethod
+    def of(cls, samples: list[list[np.ndarray]], metric: str = "rel") -> Validation:
+        return cls(tuple(tuple(encode_array(a) for a in s) for s in samples), metric)
+
+    def arrays(self) -> list[list[np.ndarray]]:
+        return [[decode_array(a) for a in s] for s in self.samples]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"samples": [list(s) for s in self.samples], "metric": self.metric}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Validation:
+        if not isinstance(data, dict) or set(data) != {"samples", "metric"}:
+            raise ProtocolError(f"not a validation set: {str(data)[:80]}")
+        return cls(tuple(tuple(s) for s in data["samples"]), str(data["metric"]))
+
+
+_VALIDATION: _Codec = (Validation.to_json, Validation.from_json)
+
+
+PROTOCOL_VERSION = 4
 """The wire format's version, in every message. A worker of another Partune (an RPC server
 not upgraded with the search) refuses a message of another version with a line naming both,
 instead of misreading it. Raise it with any change a reader of the old format would misread."""
@@ -223,15 +253,22 @@ class PlanRequest(_Request):
     """Build the whole model under ``plan`` and time it end to end.
 
     ``fresh``: in a new worker process, so the peak memory reported is this plan's alone.
+    ``validation``: what a plan with bf16 or int8 regions is judged on (``Validation``).
     """
 
     kind: ClassVar[str] = "plan"
-    _codecs = _Request._codecs | {"plan": _PLAN, "inputs": _ARRAYS, "protocol": _PROTOCOL}
+    _codecs = _Request._codecs | {
+        "plan": _PLAN,
+        "inputs": _ARRAYS,
+        "protocol": _PROTOCOL,
+        "validation": _VALIDATION,
+    }
     module: ModelRef
     plan: Plan
     inputs: tuple[str, ...]
     protocol: Protocol = field(default_factory=Protocol)
     fresh: bool = False
+    validation: Validation | None = None
 
 
 @dataclass(frozen=True)
@@ -240,11 +277,16 @@ class CompareRequest(_Request):
     specs)."""
 
     kind: ClassVar[str] = "compare"
-    _codecs = _Request._codecs | {"contenders": _CONTENDERS, "inputs": _ARRAYS}
+    _codecs = _Request._codecs | {
+        "contenders": _CONTENDERS,
+        "inputs": _ARRAYS,
+        "validation": _VALIDATION,
+    }
     module: ModelRef
     contenders: dict[str, Plan | dict[str, Any]]
     inputs: tuple[str, ...]
     rounds: int = 5
+    validation: Validation | None = None
 
 
 @dataclass(frozen=True)

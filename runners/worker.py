@@ -147,9 +147,15 @@ def measure_plan(req: PlanRequest) -> MeasurementReply:
     error = None
     if accuracy.has_reduced(plan):
         error = accuracy.plan_error(
-            built, build_plan_here(accuracy.f32_twin(plan), mod, graph), inputs
+            built, build_plan_here(accuracy.f32_twin(plan), mod, graph), inputs, _judged(req)
         )
     return MeasurementReply(dataclasses.replace(m, peak_bytes=footprint, rel_error=error))
+
+
+def _judged(req: PlanRequest | CompareRequest) -> tuple[list, str] | None:
+    """The validation samples and metric a request's errors are judged by (None: as before)."""
+    v = req.validation
+    return (v.arrays(), v.metric) if v is not None else None
 
 
 def build_plan_here(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltModel:
@@ -229,7 +235,8 @@ def measure_compare(req: CompareRequest) -> MeasurementsReply:
         if label in timed and isinstance(c, dict) and c.get("precision", "f32") != "f32":
             try:
                 timed[label] = dataclasses.replace(
-                    timed[label], rel_error=peer_error(c, ctx.inputs, registry.threads())
+                    timed[label],
+                    rel_error=peer_error(c, ctx.inputs, registry.threads(), _judged(req)),
                 )
             except Exception as e:  # noqa: BLE001 - an error that cannot be measured fails the peer
                 timed[label] = Measurement.failed(

@@ -39,6 +39,9 @@ def tune(
     tolerance: float | None = None,
     one_thread_regions: bool = True,
     budget: Budget | None = None,
+    calibration: tuple = (),
+    validation: tuple = (),
+    metric: str = "rel",
 ) -> TuneResult:
     """Search ``model``'s partitioning over ``backends``; see the module docstring.
 
@@ -64,7 +67,10 @@ def tune(
     (``partune.runners.build_pool``, local runner only) candidates are built a few ahead on the
     cores the measurements do not use. With ``precision`` "bf16", regions may compute in bf16 where
     a backend has a bf16 path and the CPU bf16 instructions; no plan whose relative error against
-    f32 exceeds ``tolerance`` is chosen (``partune.search.precision``). On more than one thread,
+    f32 exceeds ``tolerance`` is chosen (``partune.search.precision``); "int8" adds int8 regions,
+    their ranges calibrated on ``calibration`` (samples; none: the inputs and draws like them).
+    Errors are judged on ``validation`` by ``metric`` (none: the inputs and a held-out draw, by
+    relative error). On more than one thread,
     with ``one_thread_regions``, library regions (and single-library plans) may also run on one
     thread (``SEScope.threads``), kept where that measures faster.
     """
@@ -86,5 +92,8 @@ def tune(
         tolerance=tolerance,
         one_thread_regions=one_thread_regions,
         budget=budget,
+        calibration=tuple(calibration),
+        validation=tuple(validation),
+        metric=metric,
     )
     return SearchSession(model, backends, runner, store, options).run()

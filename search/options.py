@@ -37,6 +37,10 @@ class TuneOptions:
     )
     tolerance: float | None = None  # with bf16 or int8: the largest relative error a plan may have
     calibration: tuple[list[np.ndarray], ...] = ()  # int8's samples (none: drawn like the inputs)
+    # What reduced-precision plans and peers are judged on: the user's samples by ``metric``
+    # (none: the inputs and a held-out draw like them, by relative error).
+    validation: tuple[list[np.ndarray], ...] = ()
+    metric: str = "rel"
     one_thread_regions: bool = (
         True  # on many threads, library regions may run on one (``SEScope.threads``)
     )

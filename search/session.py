@@ -37,6 +37,7 @@ from partune.core import (
     SEScope,
     candidate_key,
     clean_error,
+    digest,
     draw_like,
     last_line,
     plan_key,
@@ -50,6 +51,9 @@ from partune.runners import (
     Lookahead,
     Measurement,
     Runner,
+    Validation,
+    has_reduced,
+    held_out_inputs,
     module_file,
     plan_request,
     region_request,
@@ -111,6 +115,7 @@ class SearchSession:
             backends, options.threads, bf16=bf16, one_thread=fewer, int8=int8
         )
         self.calibration: Calibration | None = None  # int8's ranges, measured before any plan
+        self.validation = self.judged_on(options)
         self.cands = [
             c
             for c in enumerate_candidates(self.mod, self.graph, self.config, options.pins)
@@ -396,6 +401,15 @@ class SearchSession:
             )
         )
 
+    def judged_on(self, options: TuneOptions) -> Validation | None:
+        """What reduced-precision errors are judged on: the user's validation samples, else
+        (another metric than the default) the inputs and the held-out draw like them; None: as
+        the runners judge by default (the same samples, by relative error)."""
+        samples = list(options.validation)
+        if not samples and options.metric != "rel":
+            samples = [self.model.inputs, held_out_inputs(self.model.inputs)]
+        return Validation.of(samples, options.metric) if samples else None
+
     def int8_samples(self) -> list[list[np.ndarray]]:
         """What int8 is calibrated on: the user's samples, else the model's inputs and draws
         like them (never the held-out set the plans' errors are judged on)."""
@@ -439,10 +453,15 @@ class SearchSession:
         """``plan`` end to end; ``fresh``: in a new worker process, so its peak memory is its own.
         Without ``wait``, None when another worker is measuring it (come back for it)."""
         plan = self.with_ranges(plan)
+        judged = self.validation if has_reduced(plan) else None
         m, took = self.obtain(
-            plan_key(plan) + (":fresh" if fresh else ""),
+            plan_key(plan)
+            + (":fresh" if fresh else "")
+            + (f":judged:{digest(judged.to_json(), 16)}" if judged else ""),
             lambda: self.runner.run(
-                plan_request(self.module_file, plan, self.model.inputs, PLAN_PROTOCOL, fresh)
+                plan_request(
+                    self.module_file, plan, self.model.inputs, PLAN_PROTOCOL, fresh, judged
+                )
             ),
             f"{self.model.name} {label}",
             wait=wait,

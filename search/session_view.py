@@ -18,10 +18,10 @@ if TYPE_CHECKING:
     import numpy as np
     import tvm
 
-    from partune.core import CompilationConfig, DataflowGraph, Plan, Region, SEScope
+    from partune.core import Calibration, CompilationConfig, DataflowGraph, Plan, Region, SEScope
     from partune.cost_models import BorderModel
     from partune.frontend import Model
-    from partune.runners import Measurement, Runner
+    from partune.runners import Measurement, Runner, Validation
     from partune.search.candidates import Candidate
     from partune.search.dp import Cover
     from partune.search.options import TuneOptions
@@ -48,6 +48,8 @@ class SessionView(Protocol):
     adjust: dict[SEScope, float]
     tuned: dict[str, str]
     label_of: dict[str, str]
+    validation: Validation | None
+    calibration: Calibration | None
 
     @property
     def counts(self) -> Counts: ...

@@ -113,8 +113,16 @@ def _wanted(s: SessionView) -> tuple[str, ...]:
 
 
 def _verdict_key(s: SessionView, finalists: dict[str, Plan], wanted: tuple[str, ...]) -> str:
+    """The verdict's key: its plans and peers, and what the reduced-precision ones' numbers
+    depend on (the int8 calibration the peers are quantized on, the user's validation set);
+    an f32 verdict's key as it always was."""
+    depends = (f"int8-calibration:{s.calibration.digest}",) if s.calibration else ()
+    if s.validation is not None:
+        depends += (f"judged:{digest(s.validation.to_json(), 16)}",)
     return verdict_key(
-        s.graph.fingerprint, {label: plan_key(p) for label, p in finalists.items()}, wanted
+        s.graph.fingerprint,
+        {label: plan_key(p) for label, p in finalists.items()},
+        wanted + depends,
     )
 
 
@@ -157,7 +165,9 @@ def judge(s: SessionView, finalists: dict[str, Plan]) -> None:
     while not all(key + label in store for label in labels):
         if store.claims.claim(key) or _never_stored(store, key, labels):
             specs = peer_specs(model, wanted, s.module_file.parent, s.int8_samples())
-            request = compare_request(s.module_file, finalists, specs, model.inputs, VERDICT_ROUNDS)
+            request = compare_request(
+                s.module_file, finalists, specs, model.inputs, VERDICT_ROUNDS, s.validation
+            )
             measured = s.runner.compare(
                 request, timeout_s=max(VERDICT_TIMEOUT_S, s.runner.timeout_s)
             )

@@ -67,6 +67,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
             build_pool=pool,
             precision=args.precision,
             tolerance=args.tolerance if args.precision != "f32" else None,
+            calibration=job.data.calibration,
+            validation=job.data.validation,
+            metric=args.metric,
             one_thread_regions=args.fewer_threads == "on",
         )
     except KeyboardInterrupt:
@@ -106,6 +109,7 @@ class _Job:
     peers: tuple[str, ...]
     previous: object
     cost_model: object
+    data: AccuracyData
 
 
 def _prepare(args: argparse.Namespace) -> _Job:
@@ -126,6 +130,7 @@ def _prepare(args: argparse.Namespace) -> _Job:
     if args.refine_trials is None:  # with a budget: until refinement converges (None)
         args.refine_trials = None if budget is not None else DEFAULT_REFINE_TRIALS
     model = load_model(args)
+    data = _accuracy_data(args, model)
     pins = dict(model.pins)
     for node, scope in parse_pins(args.pin, model).items():
         joined = pins[node].join(scope) if node in pins else scope
@@ -148,11 +153,7 @@ def _prepare(args: argparse.Namespace) -> _Job:
         heartbeat_s=args.heartbeat,
         retry_failed=args.retry_failed,
     )
-    study_name = args.study or f"{model.name}:{','.join(named)}" + (
-        f":{args.precision}<={args.tolerance:g}" if args.precision != "f32" else ""
-    ) + (  # an f32 job never resumes a bf16 or int8 plan
-        ":same-threads" if args.fewer_threads == "off" and args.threads > 1 else ""
-    )
+    study_name = args.study or _study_name(args, model.name, named)
     peers = tuple(p for p in args.peers.split(",") if p and p != "none")
     if unknown := [p for p in peers if p not in PEER_LABELS]:
         raise PartuneError(
@@ -199,6 +200,7 @@ def _prepare(args: argparse.Namespace) -> _Job:
         peers,
         previous,
         _load_cost_model(args.cost_model, required=not auto),
+        data,
     )
 
 
@@ -227,6 +229,58 @@ def _backends(
     if budget is None and tune_budget == 0 and any(b in autotuned for b in named):
         tune_budget = DEFAULT_TUNE_BUDGET_S
     return offered, named, tune_budget
+
+
+def _study_name(args: argparse.Namespace, model: str, backends: list[str]) -> str:
+    """The job's default name: the model and backends, and what changes its plans' meaning (an
+    f32 job never resumes a bf16 or int8 plan)."""
+    reduced = ""
+    if args.precision != "f32":
+        metric = "" if args.metric == "rel" else f":{args.metric}"
+        reduced = f":{args.precision}<={args.tolerance:g}{metric}"
+    threads = ":same-threads" if args.fewer_threads == "off" and args.threads > 1 else ""
+    return f"{model}:{','.join(backends)}{reduced}{threads}"
+
+
+@dataclass(frozen=True)
+class AccuracyData:
+    """What reduced precision is calibrated and judged on, and a line saying so."""
+
+    calibration: tuple = ()
+    validation: tuple = ()
+    note: str = ""
+
+
+def _accuracy_data(args: argparse.Namespace, model) -> AccuracyData:
+    """The user's samples (``--calibration``, ``--validation``), read and checked against the
+    model before anything is measured; none without reduced precision."""
+    from partune.core import PartuneError
+    from partune.frontend import load_samples, split_samples
+    from partune.runners import check_metric_fits
+
+    if args.precision == "f32":
+        if args.calibration or args.validation or args.metric != "rel":
+            raise PartuneError(
+                "--calibration, --validation and --metric need --precision bf16|int8"
+            )
+        return AccuracyData()
+    check_metric_fits(args.metric, model.reference)
+    if not args.calibration:
+        if args.validation:
+            raise PartuneError("--validation needs --calibration (the samples to calibrate on)")
+        return AccuracyData(
+            note="accuracy judged on synthetic data (the model's inputs and draws like them): "
+            "give --calibration for your own"
+        )
+    spec = (
+        [p.name for p in model.mod["main"].params],
+        [a.shape for a in model.inputs],
+        [str(a.dtype) for a in model.inputs],
+    )
+    samples = load_samples(args.calibration, *spec)
+    held = load_samples(args.validation, *spec) if args.validation else None
+    calibration, validation, note = split_samples(samples, held)
+    return AccuracyData(tuple(calibration), tuple(validation), f"accuracy by {args.metric}: {note}")
 
 
 def _check_precision(args: argparse.Namespace, backends: list[str]) -> None:
@@ -281,6 +335,8 @@ def _finish(args: argparse.Namespace, job: _Job, result, notes: list[str]) -> in
     if result.refine_study:
         study.set_user_attr("refine_study", result.refine_study)
     print(summarise(result, job.model))
+    if job.data.note:
+        print(job.data.note)
     for line in notes + fronts:
         print(line)
     if args.cost_model:
