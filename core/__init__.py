@@ -14,6 +14,7 @@ __all__ = [
     "DataflowGraph",
     "FINGERPRINT_DIGITS",
     "INT8",
+    "INT8_LEVELS",
     "INT8_SCHEME",
     "ModelError",
     "ModelFile",
@@ -43,6 +44,7 @@ __all__ = [
     "function_in_bf16",
     "function_in_int8",
     "instruction_set",
+    "int8_units",
     "known_shape",
     "last_line",
     "lift_region",
@@ -62,6 +64,7 @@ __all__ = [
     "static_shape",
     "tensor_types",
     "trim",
+    "unit_chain",
     "variant_label",
     "verdict_key",
 ]
@@ -74,9 +77,12 @@ __getattr__, __dir__ = lazy_exports(
             "function_in_bf16",
         ),
         "int8": (
+            "INT8_LEVELS",
             "INT8_SCHEME",
             "function_in_int8",
+            "int8_units",
             "quantizes",
+            "unit_chain",
         ),
         "describe": (
             "fit_table",

@@ -14,19 +14,22 @@ the region to ONNX (``partune.backends.relax_onnx``).
   int8 kernel does not depend on its scales, only its error does, and errors are judged on
   whole plans built with the calibrated ranges.
 
-Weights use the full [-127, 127]. onnxruntime's guide suggests 7-bit weights (``reduce_range``)
-on CPUs without VNNI, where ``vpmaddubsw`` sums u8 x s8 pairs into int16 and could saturate; on
-this project's AVX2 machine neither onnxruntime 1.32 nor OpenVINO 2026.4 showed it (a 256-deep
-matmul over post-ReLU activations: 1.2% error at 127 levels, 1.7% at 63, both libraries alike).
+Weights use [-127, 127] on CPUs with VNNI or AMX int8, else [-63, 63] (``INT8_LEVELS``):
+without VNNI, ``vpmaddubsw`` sums u8 x s8 products in pairs into int16, which saturates at full
+range. Measured on this project's AVX2 machine, a two-matmul block: 6-13% error at 127 levels,
+1.1-2.0% at 63, onnxruntime 1.32 and OpenVINO 2026.4 alike (onnxruntime's guide says the same
+of its ``reduce_range``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import tvm
 from tvm import relax
+
+from partune.core.versions import cpu_flags
 
 INT8 = "int8"
 Range = tuple[float, float]
@@ -42,11 +45,11 @@ _OPS: dict[str, tuple[Callable[..., relax.Expr], tuple[str, ...], int, bool]] = 
 }
 
 
-LEVELS = 127  # the largest int8 weight magnitude (see the module docstring)
+INT8_LEVELS = 127 if cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"} else 63
 # How ranges become int8 here, named in every calibration's digest: a change to it is a change to
 # every int8 plan's values, which must then be measured again, not read from the store.
 INT8_SCHEME = (
-    f"qdq: weights s8 per channel +-{LEVELS}, activations u8 per tensor, conv/matmul out too"
+    f"qdq: s8 weights per channel +-{INT8_LEVELS}, u8 activations per tensor, conv units v4"
 )
 
 
@@ -107,52 +110,161 @@ def in_int8(
     value: relax.Expr,
     inputs: Range | None = None,
     output: Range | None = None,
-    levels: int = LEVELS,
+    levels: int = INT8_LEVELS,
+    unit_end: bool = True,
 ) -> relax.Expr:
     """``value`` (see ``quantizes``) in QDQ form: its activation quantized over ``inputs``, its
-    weight per output channel into ``levels``, and a convolution's output over ``output``
-    (``PLACEHOLDER`` for a range not given); any other value unchanged."""
+    weight per output channel into ``levels``, and, where its unit ends with it (``int8_units``),
+    its output over ``output`` (``PLACEHOLDER`` for a range not given); any other value
+    unchanged."""
     if not quantizes(value):
         return value
     make, fields, axis, quantize_out = _OPS[value.op.name]
     attrs = {name: getattr(value.attrs, name) for name in fields}
     x = _qdq_activation(value.args[0], inputs or PLACEHOLDER)
     y = make(x, _dq_weight(_weight(value.args[1]), axis, levels), **attrs)
-    return _qdq_activation(y, output or PLACEHOLDER) if quantize_out else y
+    return _qdq_activation(y, output or PLACEHOLDER) if quantize_out and unit_end else y
+
+
+def unit_output(value: relax.Expr, output: Range | None = None) -> relax.Expr:
+    """The last value of an int8 unit longer than its op, quantized over ``output``. A ReLU's
+    placeholder starts at zero, as its calibrated range does: onnxruntime drops a ReLU into the
+    quantization only at a zero point of 0, and a timing must see the unit it will run."""
+    relu = isinstance(value, relax.Call) and getattr(value.op, "name", "") == "relax.nn.relu"
+    return _qdq_activation(value, output or ((0.0, PLACEHOLDER[1]) if relu else PLACEHOLDER))
+
+
+def _reads(value: relax.Expr) -> list[relax.Var]:
+    """The variables a binding's value reads (call arguments, one level of tuples)."""
+    args = value.args if isinstance(value, relax.Call) else [value]
+    out: list[relax.Var] = []
+    for a in args:
+        if isinstance(a, relax.Tuple):
+            out += [f for f in a.fields if isinstance(f, relax.Var)]
+        elif isinstance(a, relax.TupleGetItem) and isinstance(a.tuple_value, relax.Var):
+            out.append(a.tuple_value)
+        elif isinstance(a, relax.Var):
+            out.append(a)
+    return out
+
+
+def _extends(value: relax.Expr, var: relax.Var, channels: int, rank: int) -> bool:
+    """Whether ``value`` continues a convolution's unit from ``var``: a per-channel bias add (a
+    constant shaped ``[1,] C, 1, ...``) or a ReLU."""
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)):
+        return False
+    if value.op.name == "relax.nn.relu":
+        return value.args[0].same_as(var)
+    if value.op.name != "relax.add" or len(value.args) != 2:
+        return False
+    a, b = value.args
+    bias = b if a.same_as(var) else a if b.same_as(var) else None
+    w = _weight(bias) if bias is not None else None
+    if w is None:
+        return False
+    shape = w.shape[-(rank - 1) :] if w.ndim >= rank - 1 else None
+    return (
+        shape is not None
+        and all(d == 1 for d in w.shape[: w.ndim - (rank - 1)])
+        and shape[0] == channels
+        and all(d == 1 for d in shape[1:])
+    )
+
+
+def int8_units(
+    bindings: Sequence[relax.Binding],
+    inside: Callable[[int], bool] = lambda _: True,
+    outputs: frozenset[relax.Var] = frozenset(),
+) -> dict[int, int]:
+    """Per quantizable binding (its index), the binding whose value its unit's output
+    quantization reads: a convolution's per-channel bias add, then a ReLU, where each is the only
+    reader of the value before it, ``inside`` the region and not one of its ``outputs``; else the
+    op itself. onnxruntime runs such a unit as one QLinearConv (bias inside, ReLU dropped by the
+    zero point) when the quantization comes after it: a 64-channel 3x3 block ran 1.55 ms so,
+    2.31 ms quantized straight after the convolution, 3.72 ms in f32."""
+    readers: dict[relax.Var, list[int]] = {}
+    for i, b in enumerate(bindings):
+        for v in _reads(b.value):
+            readers.setdefault(v, []).append(i)
+    units: dict[int, int] = {}
+    for i, b in enumerate(bindings):
+        if not quantizes(b.value):
+            continue
+        end = i
+        if b.value.op.name != "relax.matmul":
+            ty = b.var.ty
+            channels, rank = int(ty.shape[1]), len(ty.shape)
+            for _ in range(2):  # a bias add, then a ReLU
+                var = bindings[end].var
+                after = readers.get(var, [])
+                if (
+                    len(after) != 1
+                    or var in outputs
+                    or not inside(after[0])
+                    or not _extends(bindings[after[0]].value, var, channels, rank)
+                ):
+                    break
+                end = after[0]
+        units[i] = end
+    return units
+
+
+def unit_chain(bindings: Sequence[relax.Binding], op: int, end: int) -> list[int]:
+    """The bindings of the unit from ``op`` to ``end`` (``int8_units``), in order: each reads the
+    one before. A region may cut a unit anywhere along it, so each one's range is calibrated."""
+    chain = [op]
+    while chain[-1] != end:
+        var = bindings[chain[-1]].var
+        chain.append(
+            next(j for j in range(chain[-1] + 1, end + 1) if var in _reads(bindings[j].value))
+        )
+    return chain
 
 
 @relax.expr_functor.mutator
 class _Int8Mutator(relax.PyExprMutator):
-    def __init__(self, ranges: Mapping[str, Range], levels: int) -> None:
+    def __init__(self, func: relax.Function, ranges: Mapping[str, Range], levels: int) -> None:
         super().__init__()
         self.ranges, self.levels = ranges, levels
+        bindings = [b for block in func.body.blocks for b in block.bindings]
+        outputs = frozenset(_reads(func.body.body)) | frozenset(
+            [func.body.body] if isinstance(func.body.body, relax.Var) else []
+        )
+        units = int8_units(bindings, outputs=outputs)
+        self.ops = {bindings[i].var: bindings[e].var for i, e in units.items()}
+        self.ends = {e for op, e in self.ops.items() if not e.same_as(op)}
+
+    def _range(self, var: relax.Expr) -> Range | None:
+        return self.ranges.get(var.name) if isinstance(var, relax.Var) else None
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         value = self.visit_expr(binding.value)
-        if not quantizes(value):
+        var = binding.var
+        if var in self.ops and quantizes(value):
+            end = self.ops[var]
+            value = in_int8(
+                value, self._range(value.args[0]), self._range(var), self.levels, end.same_as(var)
+            )
+        elif var in self.ends:
+            value = unit_output(value, self._range(var))
+        else:
             return super().visit_var_binding_(binding)
-        arg = value.args[0]
-        value = in_int8(
-            value,
-            self.ranges.get(arg.name) if isinstance(arg, relax.Var) else None,
-            self.ranges.get(binding.var.name),
-            self.levels,
-        )
-        dataflow = isinstance(binding.var, relax.DataflowVar)
+        dataflow = isinstance(var, relax.DataflowVar)
         emit = self.builder_.emit if dataflow else self.builder_.emit_output
-        self.set_var_remap(binding.var, emit(value, name_hint=binding.var.name))
+        self.set_var_remap(var, emit(value, name_hint=var.name))
         return None
 
 
 def function_in_int8(
-    func: relax.Function, ranges: Mapping[str, Range] | None = None, levels: int = LEVELS
+    func: relax.Function, ranges: Mapping[str, Range] | None = None, levels: int = INT8_LEVELS
 ) -> relax.Function:
-    """Every matmul and convolution of ``func`` that ``quantizes`` in QDQ form; ``ranges`` by
-    variable name (the activation read, the convolution's result), placeholders elsewhere."""
-    return _Int8Mutator(ranges or {}, levels).visit_expr(func)
+    """Every matmul and convolution of ``func`` that ``quantizes`` in QDQ form, in units
+    (``int8_units``); ``ranges`` by variable name (the activation read, the unit's last value),
+    placeholders elsewhere."""
+    return _Int8Mutator(func, ranges or {}, levels).visit_expr(func)
 
 
-def quantize_int8(ranges: Mapping[str, Range] | None = None, levels: int = LEVELS):
+def quantize_int8(ranges: Mapping[str, Range] | None = None, levels: int = INT8_LEVELS):
     """``function_in_int8`` as a named TVM pass over every Relax function of a module."""
 
     @relax.transform.function_pass(opt_level=0, name="QuantizeInt8")

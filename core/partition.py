@@ -24,7 +24,7 @@ from tvm import relax
 
 from partune.core.bf16 import function_in_bf16, in_bf16
 from partune.core.graph import DataflowGraph, main_bindings
-from partune.core.int8 import INT8, in_int8
+from partune.core.int8 import INT8, in_int8, int8_units, unit_output
 from partune.core.plan import Calibration, Plan, Region, region_order
 
 SCOPE_ATTR = "partune.scope"
@@ -145,21 +145,34 @@ def _int8_bindings(
     bindings: list[relax.Binding],
     nodes: list[int],
     params: list[relax.Var],
+    exits: list[relax.Var],
     calibration: Calibration | None,
 ) -> list[relax.Binding]:
-    """The bindings of ``nodes`` with their matmuls and convolutions in int8 (``in_int8``), each
-    activation quantized over its calibrated range (``n<i>``: binding i's value, ``p<i>``: the
-    i-th parameter); placeholders where the plan has no calibration."""
+    """The bindings of ``nodes`` with their matmuls and convolutions in int8, unit by unit
+    (``int8_units``, within the region), each activation quantized over its calibrated range
+    (``n<i>``: binding i's value, ``p<i>``: the i-th parameter); placeholders where the plan has
+    no calibration."""
     ranges = calibration.ranges if calibration is not None else {}
     name = {b.var: f"n{i}" for i, b in enumerate(bindings)} | {
         p: f"p{i}" for i, p in enumerate(params)
     }
+    inside = set(nodes)
+    units = int8_units(bindings, inside.__contains__, frozenset(exits))
+    ends = {e for op, e in units.items() if op in inside and e != op}
     out = []
     for n in nodes:
         b = bindings[n]
-        arg = b.value.args[0] if isinstance(b.value, relax.Call) and b.value.args else None
-        value = in_int8(b.value, ranges.get(name.get(arg, "")), ranges.get(f"n{n}"))
-        out.append(b if value is b.value else relax.VarBinding(b.var, value))
+        if n in units:
+            arg = b.value.args[0]
+            value = in_int8(
+                b.value, ranges.get(name.get(arg, "")), ranges.get(f"n{n}"), unit_end=units[n] == n
+            )
+        elif n in ends:
+            value = unit_output(b.value, ranges.get(f"n{n}"))
+        else:
+            out.append(b)
+            continue
+        out.append(relax.VarBinding(b.var, value))
     return out
 
 
@@ -214,7 +227,7 @@ def apply(
                         SCOPE_ATTR: json.dumps(region.scope.to_json()),
                     }
                 region_bindings = (
-                    _int8_bindings(bindings, nodes, list(func.params), plan.calibration)
+                    _int8_bindings(bindings, nodes, list(func.params), exits, plan.calibration)
                     if region.scope.compute_precision == INT8
                     else [bindings[n] for n in nodes]
                 )

@@ -189,7 +189,8 @@ def table(rows: list[dict], tolerance: float, threads: int) -> str:
             continue
         f32_s, vs_f32, vs_allowed = ratios(r, tolerance)
         makeup = ", ".join(
-            f"{k} {share:.0%}" for k, share in sorted(r["makeup"].items(), key=lambda kv: -kv[1])
+            f"{k} {share:.0%}" if share >= 0.005 or not share else f"{k} <1%"
+            for k, share in sorted(r["makeup"].items(), key=lambda kv: -kv[1])
         )
         if r.get("kind") == "model file":
             makeup += " (the model's own file)"

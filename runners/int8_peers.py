@@ -8,8 +8,11 @@ on the same calibration data, and runs it in that library:
 - NNCF's ``quantize`` (OpenVINO's post-training quantization, on the ONNX file), run by
   OpenVINO.
 
-Both quantize every op they can, so their error is whatever it comes to; a peer over the
-accuracy budget is timed and reported with its error, but is no bar to beat. The quantized
+Both quantize every op they can, so their error is whatever it comes to. On a CPU without VNNI
+each is given the setting its own guide prescribes against int16 saturation (onnxruntime's
+``reduce_range``, NNCF's ``OverflowFix.ENABLE``: 7-bit weights), as Partune's regions have it
+(``partune.core.int8``), so the peer is the strongest a user of that tool would run. A peer over
+the accuracy budget is timed and reported with its error, but is no bar to beat. The quantized
 files are made in the search process (calibration runs the model, untimed) and timed like the
 f32 peers (``partune.runners.peers``).
 """
@@ -25,6 +28,13 @@ import numpy as np
 import onnx
 
 INT8_PEERS = ("onnxruntime int8", "openvino int8")
+
+
+def _without_vnni() -> bool:
+    """Whether int8 weights must keep to 7 bits here (``partune.core.int8.LEVELS``)."""
+    from partune.core import INT8_LEVELS
+
+    return INT8_LEVELS < 127
 
 
 def _feeds(model: onnx.ModelProto, samples: Sequence[Sequence[np.ndarray]]) -> list[dict]:
@@ -78,6 +88,7 @@ def onnxruntime_int8(data: bytes, samples: Sequence[Sequence[np.ndarray]]) -> by
             per_channel=True,
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
+            reduce_range=_without_vnni(),
         )
         return out.read_bytes()
 
@@ -86,11 +97,16 @@ def nncf_int8(data: bytes, samples: Sequence[Sequence[np.ndarray]]) -> bytes:
     """The file quantized by NNCF's ``quantize`` on ``samples`` (its ONNX backend: the QDQ file
     OpenVINO then runs on its int8 kernels), as a user of OpenVINO does it."""
     import nncf
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
 
     model = onnx.load_from_string(data)
     feeds = _feeds(model, samples)
+    fix = OverflowFix.ENABLE if _without_vnni() else OverflowFix.FIRST_LAYER
     quantized = nncf.quantize(
-        _static_shapes(model, feeds[0]), nncf.Dataset(feeds), subset_size=len(feeds)
+        _static_shapes(model, feeds[0]),
+        nncf.Dataset(feeds),
+        subset_size=len(feeds),
+        advanced_parameters=AdvancedQuantizationParameters(overflow_fix=fix),
     )
     buf = io.BytesIO()
     onnx.save(quantized, buf)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tvm import relax
 
-from partune.core import INT8_SCHEME, Calibration, main_bindings, quantizes
+from partune.core import INT8_SCHEME, Calibration, int8_units, main_bindings, unit_chain
 from partune.store import Notes
 
 if TYPE_CHECKING:
@@ -26,20 +26,21 @@ if TYPE_CHECKING:
 
 
 def calibrated_tensors(func: relax.Function) -> dict[relax.Var, str]:
-    """The tensors of ``func`` (main) an int8 region quantizes, by their range names: the
-    activation each quantizable matmul or convolution reads (``n<i>`` a binding's value, ``p<i>``
-    a parameter) and each quantizable op's own value."""
+    """The tensors of ``func`` (main) an int8 region quantizes, by their range names (``n<i>`` a
+    binding's value, ``p<i>`` a parameter): the activation each quantizable matmul or convolution
+    reads, and every value along its unit (``int8_units``; a region may cut the unit anywhere,
+    and quantizes its output where it ends)."""
     bindings = main_bindings(func)
     name = {b.var: f"n{i}" for i, b in enumerate(bindings)} | {
         p: f"p{i}" for i, p in enumerate(func.params)
     }
     out: dict[relax.Var, str] = {}
-    for b in bindings:
-        if quantizes(b.value):
-            arg = b.value.args[0]
-            if isinstance(arg, relax.Var) and arg in name:
-                out[arg] = name[arg]
-            out[b.var] = name[b.var]
+    for i, end in int8_units(bindings).items():
+        arg = bindings[i].value.args[0]
+        if isinstance(arg, relax.Var) and arg in name:
+            out[arg] = name[arg]
+        for k in unit_chain(bindings, i, end):
+            out[bindings[k].var] = name[bindings[k].var]
     return out
 
 

@@ -50,10 +50,11 @@ def summarise(result, model) -> str:
     lines.extend(_verdict_lines(result))
     lines.append("")
     if (error := plan.notes.get("rel_error")) is not None:
+        reduced = "/".join(p for p in plan.precisions if p != "f32") or "f32"
         lines.append(
-            "bf16 within the accuracy budget: the plan's relative error against f32 is "
-            f"{error:.1e} (at most {plan.notes['tolerance']:g}), on the model's inputs and on a "
-            "held-out input set"
+            f"{reduced} within the accuracy budget: the plan's error against f32 is "
+            f"{error:.1e} (at most {plan.notes['tolerance']:g}), on samples the search did not "
+            "calibrate on"
         )
     lines.append(f"candidates measured on {result.inputs_from} inputs")
     if result.counts.skipped:
