@@ -24,7 +24,7 @@ from partune.backends import build_cache
 from partune.backends.base import Backend, BackendError, FusionStyle, Level
 from partune.backends.kernel import BoundKernel, Spec
 from partune.backends.relax_onnx import MIN_OPSET, relax_to_onnx
-from partune.core import function_in_int8
+from partune.core import function_in_int8, int8_ready
 
 if TYPE_CHECKING:
     from partune.core import SEScope
@@ -127,7 +127,8 @@ class OnnxGraphBackend(Backend):
         if not {"f32": True, "bf16": self.bf16, "int8": self.int8}[precision]:
             raise BackendError(f"{self.name} has no {precision} path")
         if precision == "int8":  # QDQ form, compiled as it stands: the library's int8 kernels
-            func, precision = function_in_int8(func), "f32"
+            func = func if int8_ready(func) else function_in_int8(func)
+            precision = "f32"
         entry = build_cache.current()
         if entry is not None:
             entry.refine(self.name, self.library_version(), self.opset)

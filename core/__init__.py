@@ -44,6 +44,7 @@ __all__ = [
     "function_in_bf16",
     "function_in_int8",
     "instruction_set",
+    "int8_ready",
     "int8_units",
     "known_shape",
     "last_line",
@@ -115,7 +116,10 @@ __getattr__, __dir__ = lazy_exports(
             "verdict_key",
         ),
         "memory": ("trim",),
-        "partition": ("lift_region",),
+        "partition": (
+            "int8_ready",
+            "lift_region",
+        ),
         "plan": (
             "Calibration",
             "ModelFile",

@@ -49,7 +49,7 @@ INT8_LEVELS = 127 if cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"} else 
 # How ranges become int8 here, named in every calibration's digest: a change to it is a change to
 # every int8 plan's values, which must then be measured again, not read from the store.
 INT8_SCHEME = (
-    f"qdq: s8 weights per channel +-{INT8_LEVELS}, u8 activations per tensor, conv units v4"
+    f"qdq: s8 weights per channel +-{INT8_LEVELS}, u8 activations per tensor, conv units v5"
 )
 
 

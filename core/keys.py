@@ -97,7 +97,8 @@ def plan_key(plan: KeyedPlan) -> str:
     if plan.model_file is not None:  # (partitioned plans keep the keys they always had)
         doc.append(plan.model_file.to_json())
     if plan.calibration is not None:  # int8 plans: the values depend on the calibration
-        doc.append({"calibration": plan.calibration.digest})
+        units = list(plan.calibration.f32_units)
+        doc.append({"calibration": plan.calibration.digest} | ({"f32": units} if units else {}))
     return "plan:" + digest(doc, KEY_DIGITS, sort_keys=True)
 
 

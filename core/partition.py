@@ -28,6 +28,9 @@ from partune.core.int8 import INT8, in_int8, int8_units, unit_output
 from partune.core.plan import Calibration, Plan, Region, region_order
 
 SCOPE_ATTR = "partune.scope"
+# On an int8 region's function: its QDQ form is the plan's, calibrated (and with the units the
+# plan keeps in f32 left so): its backend builds it as it stands (``int8_ready``).
+INT8_ATTR = "partune.int8"
 
 
 def _substitute(expr: relax.Expr, env: dict[relax.Var, relax.Expr]) -> relax.Expr:
@@ -141,6 +144,12 @@ def lift_region(
     return func, args, rebuild
 
 
+def int8_ready(func: relax.Function) -> bool:
+    """Whether ``func`` is an int8 region a plan already put in QDQ form (``apply``); else (a
+    region timed alone) its backend does, with placeholder ranges."""
+    return func.attrs is not None and INT8_ATTR in func.attrs
+
+
 def _int8_bindings(
     bindings: list[relax.Binding],
     nodes: list[int],
@@ -150,14 +159,19 @@ def _int8_bindings(
 ) -> list[relax.Binding]:
     """The bindings of ``nodes`` with their matmuls and convolutions in int8, unit by unit
     (``int8_units``, within the region), each activation quantized over its calibrated range
-    (``n<i>``: binding i's value, ``p<i>``: the i-th parameter); placeholders where the plan has
-    no calibration."""
+    (``n<i>``: binding i's value, ``p<i>``: the i-th parameter), but for the units the plan keeps
+    in f32; placeholders where the plan has no calibration."""
     ranges = calibration.ranges if calibration is not None else {}
+    kept = set(calibration.f32_units) if calibration is not None else set()
     name = {b.var: f"n{i}" for i, b in enumerate(bindings)} | {
         p: f"p{i}" for i, p in enumerate(params)
     }
     inside = set(nodes)
-    units = int8_units(bindings, inside.__contains__, frozenset(exits))
+    units = {
+        op: end
+        for op, end in int8_units(bindings, inside.__contains__, frozenset(exits)).items()
+        if op not in kept
+    }
     ends = {e for op, e in units.items() if op in inside and e != op}
     out = []
     for n in nodes:
@@ -226,11 +240,12 @@ def apply(
                         "global_symbol": symbol,
                         SCOPE_ATTR: json.dumps(region.scope.to_json()),
                     }
-                region_bindings = (
-                    _int8_bindings(bindings, nodes, list(func.params), exits, plan.calibration)
-                    if region.scope.compute_precision == INT8
-                    else [bindings[n] for n in nodes]
-                )
+                region_bindings = [bindings[n] for n in nodes]
+                if region.scope.compute_precision == INT8:
+                    region_bindings = _int8_bindings(
+                        bindings, nodes, list(func.params), exits, plan.calibration
+                    )
+                    attrs[INT8_ATTR] = "calibrated"
                 lifted, args, rebuild = lift_region(region_bindings, exits, symbol, attrs)
                 gv = bb.add_func(function_in_bf16(lifted) if bf16 else lifted, symbol)
                 call = bb.emit(

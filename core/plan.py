@@ -71,22 +71,28 @@ class ModelFile:
 
 @dataclass(frozen=True)
 class Calibration:
-    """The ranges an int8 plan quantizes its activations over, measured once per model on the
-    calibration data (``partune.search.int8_calibration``): per tensor of ``main``, ``n<i>`` a
-    binding's value, ``p<i>`` a parameter. ``digest`` names the data and the model they were
-    measured on: two plans that differ only in it compute different values (plan keys tell them
-    apart), though they take the same time."""
+    """How an int8 plan quantizes, measured once per model and data
+    (``partune.search.int8_calibration``): the ranges of its activations, per tensor of ``main``
+    (``n<i>`` a binding's value, ``p<i>`` a parameter), named by ``digest`` (the data and the
+    model they were measured on). ``f32_units``: the matmuls and convolutions (node indices) left
+    in f32 inside the plan's int8 regions, where a plan over its accuracy budget handed them
+    back (``partune.search.precision``). Plans that differ in either compute different values
+    (plan keys tell them apart), though they may take the same time."""
 
     digest: str
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict, compare=False)
+    f32_units: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"digest": self.digest, "ranges": {k: list(v) for k, v in self.ranges.items()}}
+        out: dict[str, Any] = {"digest": self.digest}
+        out["ranges"] = {k: list(v) for k, v in self.ranges.items()}
+        return out | ({"f32_units": list(self.f32_units)} if self.f32_units else {})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Calibration:
         ranges = {str(k): (float(v[0]), float(v[1])) for k, v in data["ranges"].items()}
-        return cls(str(data["digest"]), ranges)
+        units = tuple(int(n) for n in data.get("f32_units", ()))
+        return cls(str(data["digest"]), ranges, units)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from partune.core import main_bindings, quantizes
 from partune.runners import Measurement, has_reduced
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 MAX_REPAIRS = 4  # plans measured while handing regions back, before all go back at once
 MAX_SENSITIVITIES = 8  # reduced regions whose errors alone are measured to order the repair
+MAX_UNIT_SENSITIVITIES = 16  # int8 units whose share of the error is measured (the cheapest)
 
 
 def over_budget(m: Measurement, tolerance: float | None) -> bool:
@@ -84,12 +86,62 @@ def revert_order(gains: dict[int, float], errors: dict[int, float | None]) -> li
     return sorted(gains, key=lambda i: (speed_per_error(i), gains[i]))
 
 
+def int8_units_of(s: SessionView, plan: Plan) -> list[int]:
+    """The matmuls and convolutions (node indices) ``plan``'s int8 regions quantize."""
+    kept = set(plan.calibration.f32_units) if plan.calibration is not None else set()
+    int8 = {n for r in plan.regions if r.scope.compute_precision == "int8" for n in r.nodes}
+    bindings = main_bindings(s.mod["main"])
+    return [n for n in sorted(int8) if n not in kept and quantizes(bindings[n].value)]
+
+
+def keeping_f32(plan: Plan, units: list[int]) -> Plan:
+    """``plan`` with ``units`` (and those it kept already) left in f32 inside its int8 regions."""
+    assert plan.calibration is not None
+    kept = tuple(sorted(set(plan.calibration.f32_units) | set(units)))
+    return replace(
+        plan,
+        calibration=replace(plan.calibration, f32_units=kept),
+        notes={**plan.notes, "kind": "collage dp, within budget"},
+    )
+
+
+def repair_units(s: SessionView, plan: Plan, label: str, error: float) -> str | None:
+    """Variants of an over-budget int8 ``plan`` that keep some of its units in f32 inside the
+    same regions (no new borders), each measured; the label of the first within budget.
+
+    A unit's share of the error is what the plan's error drops when it alone stays in f32 (for
+    the ``MAX_UNIT_SENSITIVITIES`` units of fewest FLOPs, the cheapest to hand back); units go
+    back in order of FLOPs given up per unit of error removed (``revert_order``), 1, 2, 4, ...
+    at a time."""
+    units = int8_units_of(s, plan)
+    if plan.calibration is None or not units:
+        return None
+    probed = sorted(units, key=lambda u: s.graph.nodes[u].flops)[:MAX_UNIT_SENSITIVITIES]
+    drops: dict[int, float | None] = {}
+    for u in probed:
+        m = s.measure(keeping_f32(plan, [u]), f"sensitivity of unit {u}")
+        drops[u] = error - m.rel_error if m is not None and m.rel_error is not None else None
+    helpful = {u: d for u, d in drops.items() if d is not None and d > 0}
+    order = revert_order({u: float(s.graph.nodes[u].flops) for u in helpful}, helpful)
+    for k in sorted({min(2**i, len(order)) for i in range(len(order).bit_length() + 1)}):
+        name = f"{label} (int8, {k} unit{'s' if k > 1 else ''} in f32)"
+        variant = keeping_f32(plan, order[:k])
+        if k and s.offer(name, variant) and s.end_to_end(name, variant).ok:
+            return name
+    return None
+
+
 def repair(s: SessionView, plan: Plan, label: str) -> str | None:
     """Variants of an over-budget ``plan`` with bf16 and int8 regions handed back to f32, those
     that cost least speed per unit of error first (``revert_order``; each region's error alone,
     its ``sensitivity``, measured when the plan has at most ``MAX_SENSITIVITIES`` of them, else
     the least gainful first), each measured; the label of the first within budget (None if
     none)."""
+    measured = s.result.end_to_end.get(label)
+    if measured is not None and measured.rel_error is not None:
+        found = repair_units(s, plan, label, measured.rel_error)
+        if found is not None:
+            return found
     reduced = [i for i, r in enumerate(plan.regions) if r.scope.compute_precision != "f32"]
     if not reduced:
         return None

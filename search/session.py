@@ -538,8 +538,15 @@ class SearchSession:
                 {label: plan for label, plan in self.result.plans.items() if label not in proposed}
             )
         )
-        if "partune dp" in self.result.plans and overran(self.result.end_to_end["partune dp"]):
-            repair(self, self.result.plans["partune dp"], "partune dp")
+        # Over budget, the DP's plan and each library's whole-model int8 plan (one region: no
+        # borders) are repaired: units, then regions, handed back to f32.
+        for label in [
+            label
+            for label in self.result.plans
+            if label == "partune dp" or label.endswith("-only (int8)")
+        ]:
+            if overran(self.result.end_to_end[label]):
+                repair(self, self.result.plans[label], label)
 
     def worth_timing(self, plans: dict[str, Plan]) -> dict[str, Plan]:
         """``plans`` less the native-only ones (f32 and bf16) where the f32 one's measured regions

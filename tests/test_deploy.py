@@ -211,3 +211,44 @@ def test_an_export_killed_half_way_leaves_the_last_deployment_whole(tmp_path):
     load(out)  # the last deployment is whole
     assert subprocess.run(cmd, cwd=ROOT, capture_output=True).returncode == 0
     assert not list(tmp_path.glob(".dep.*")) and load(out) is not None
+
+
+FRESH_REL = """
+import sys, numpy as np
+import partune.deployed as d
+model = d.load(sys.argv[1])
+with np.load(sys.argv[1] + "/example_inputs.npz") as z:
+    inputs = [z[f"arr_{i}"] for i in range(len(z.files))]
+with np.load(sys.argv[1] + "/reference_outputs.npz") as z:
+    ref = [z[f"arr_{i}"] for i in range(len(z.files))]
+out = model(*inputs)
+print(max(np.linalg.norm(o - r) / np.linalg.norm(r) for o, r in zip(out, ref)))
+"""
+
+
+def test_an_int8_plan_deploys_with_its_calibrated_ranges(tmp_path):
+    """The plan's ranges travel in its JSON: the exported model computes its int8 region with
+    them, in a fresh process, close to f32 and not equal to it."""
+    from partune.backends import registry
+    from partune.core import Calibration, single_backend_plan
+    from partune.runners.capture import capture_values
+    from partune.search.candidates import accepted_nodes
+    from partune.search.int8_calibration import calibrated_tensors, ranges_over
+
+    model = load_model("bert-small")
+    config = CompilationConfig.for_cpu(ORDER, int8=registry.int8_names(ORDER))
+    tensors = calibrated_tensors(model.mod["main"])
+    values = capture_values(model.mod, model.graph, model.inputs, ["onnxruntime"])
+    calibration = Calibration("test", ranges_over([values], tensors))
+    accepted = accepted_nodes(model.mod["main"], "onnxruntime")
+    plan = single_backend_plan(
+        model.name, model.graph, config, "onnxruntime", accepted, precision="int8"
+    )
+    plan = Plan(plan.model, plan.fingerprint, config, plan.regions, calibration=calibration)
+    out = export(model, plan, tmp_path / "int8")
+    assert Plan.load(out / "plan.json").calibration.ranges == calibration.ranges
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_REL, str(out)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert 1e-6 < float(done.stdout.strip()) < 0.1

@@ -245,3 +245,56 @@ def test_onnxruntime_runs_a_convolution_unit_as_one_integer_convolution(tmp_path
     make_session(model, 1, save_optimized=str(tmp_path / "opt.onnx"))
     ops = [n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node]
     assert ops.count("QLinearConv") == 2 and "Conv" not in ops and "Relu" not in ops
+
+
+def test_units_kept_in_f32_stay_f32_inside_an_int8_region_and_change_the_plan_key():
+    from dataclasses import replace
+
+    from partune.search.precision import keeping_f32
+
+    func = _conv_block()
+    mod = tvm.IRModule({"main": func})
+    graph = DataflowGraph.from_function(func)
+    config = CompilationConfig.for_cpu(["tvm", "onnxruntime"], int8=("onnxruntime",))
+    region = Region(tuple(range(len(graph))), config.scope_for("onnxruntime", "int8"))
+    plan = Plan("c", graph.fingerprint, config, (region,), calibration=Calibration("d"))
+
+    def quantizes_in(p: Plan) -> int:
+        lifted = [f for gv, f in apply(p, mod, graph, lambda b: b).functions.items()]
+        return sum(f.script().count("R.quantize") for f in lifted)
+
+    kept = keeping_f32(plan, [0])
+    assert kept.calibration.f32_units == (0,) and keeping_f32(kept, [3]).calibration.f32_units == (
+        0,
+        3,
+    )
+    assert quantizes_in(plan) == 4 and quantizes_in(kept) == 2  # only the second conv's unit
+    assert plan_key(kept) != plan_key(plan)
+    assert Plan.from_json(kept.to_json()).calibration.f32_units == (0,)
+    assert plan_key(replace(kept, calibration=Calibration("d"))) == plan_key(plan)
+
+
+def test_a_plan_keeping_every_unit_in_f32_computes_as_f32_when_built():
+    """The backend builds the plan's QDQ form as it stands: a unit the plan keeps in f32 is not
+    quantized again with placeholder ranges (which once made keeping a unit worse, not better)."""
+    from partune.runners.builder import build_plan
+    from partune.search.precision import keeping_f32
+
+    func = _conv_block()
+    mod = tvm.IRModule({"main": func})
+    graph = DataflowGraph.from_function(func)
+    config = CompilationConfig.for_cpu(["tvm", "onnxruntime"], int8=("onnxruntime",))
+    nodes = tuple(range(len(graph)))
+    f32 = Plan("c", graph.fingerprint, config, (Region(nodes, config.scope_for("onnxruntime")),))
+    int8 = Plan(
+        "c",
+        graph.fingerprint,
+        config,
+        (Region(nodes, config.scope_for("onnxruntime", "int8")),),
+        calibration=Calibration("d", {"p0": (-4.0, 4.0)}),
+    )
+    x = [np.random.default_rng(3).standard_normal((1, 4, 8, 8)).astype("float32")]
+    want = build_plan(f32, mod, graph)(x)[0]
+    assert not np.allclose(build_plan(int8, mod, graph)(x)[0], want, atol=1e-5)
+    kept = build_plan(keeping_f32(int8, [0, 3]), mod, graph)(x)[0]
+    np.testing.assert_allclose(kept, want, rtol=1e-5, atol=1e-5)
