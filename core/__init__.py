@@ -14,6 +14,7 @@ __all__ = [
     "DataflowGraph",
     "FINGERPRINT_DIGITS",
     "INT8",
+    "INT8_ACTIVATION_LEVELS",
     "INT8_LEVELS",
     "INT8_SCHEME",
     "ModelError",
@@ -78,6 +79,7 @@ __getattr__, __dir__ = lazy_exports(
             "function_in_bf16",
         ),
         "int8": (
+            "INT8_ACTIVATION_LEVELS",
             "INT8_LEVELS",
             "INT8_SCHEME",
             "function_in_int8",

@@ -10,8 +10,9 @@ on the same calibration data, and runs it in that library:
 
 Both quantize every op they can, so their error is whatever it comes to. On a CPU without VNNI
 each is given the setting its own guide prescribes against int16 saturation (onnxruntime's
-``reduce_range``, NNCF's ``OverflowFix.ENABLE``: 7-bit weights), as Partune's regions have it
-(``partune.core.int8``), so the peer is the strongest a user of that tool would run. A peer over
+``reduce_range``, NNCF's ``OverflowFix.ENABLE``: 7-bit weights; Partune's regions take the bit
+from the activations instead, ``partune.core.int8``), so the peer is the strongest a user of
+that tool would run. A peer over
 the accuracy budget is timed and reported with its error, but is no bar to beat. The quantized
 files are made in the search process (calibration runs the model, untimed) and timed like the
 f32 peers (``partune.runners.peers``).
@@ -31,10 +32,10 @@ INT8_PEERS = ("onnxruntime int8", "openvino int8")
 
 
 def _without_vnni() -> bool:
-    """Whether int8 weights must keep to 7 bits here (``partune.core.int8.LEVELS``)."""
-    from partune.core import INT8_LEVELS
+    """Whether int8 products here risk int16 saturation (``partune.core.int8``: no VNNI)."""
+    from partune.core import INT8_ACTIVATION_LEVELS
 
-    return INT8_LEVELS < 127
+    return INT8_ACTIVATION_LEVELS < 255
 
 
 def _feeds(model: onnx.ModelProto, samples: Sequence[Sequence[np.ndarray]]) -> list[dict]:
