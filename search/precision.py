@@ -6,9 +6,10 @@ But errors that are small per region add up through a model, so the budget is ju
 whole plans only: every plan with such regions is measured end to end with its error
 against its f32 twin (``partune.runners.accuracy``), and a plan over budget counts as
 failed for everything that chooses (the DP's rounds, refinement, the finalists, the
-emitted plan). When the DP's plan is over budget, ``repair`` hands its reduced regions
-back to f32, those that cost least speed per unit of error first, until a plan is within
-budget.
+emitted plan). An over-budget plan is repaired (``repair``): first unit by unit, keeping some
+int8 matmuls and convolutions in f32 inside the same regions (no new borders; NNCF's accuracy
+control does this by sensitivity alone, here by FLOPs given up per unit of error removed), then
+region by region, those that cost least speed per unit of error handed back to f32 first.
 """
 
 from __future__ import annotations

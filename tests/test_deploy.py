@@ -24,7 +24,7 @@ CONFIG = CompilationConfig.for_cpu(ORDER)
 # model once.
 pytestmark = pytest.mark.xdist_group("deploy")
 
-FRESH = """
+_LOAD = """
 import sys, numpy as np
 import partune.deployed as d
 model = d.load(sys.argv[1])
@@ -33,11 +33,16 @@ with np.load(sys.argv[1] + "/example_inputs.npz") as z:
 with np.load(sys.argv[1] + "/reference_outputs.npz") as z:
     ref = [z[f"arr_{i}"] for i in range(len(z.files))]
 out = model(*inputs)
+"""
+FRESH = (
+    _LOAD
+    + """
 err = max(float(np.abs(o - r).max()) for o, r in zip(out, ref))
 above = (["partune", "search"], ["partune", "store"], ["partune", "cost_models"])
 loaded = sorted(m for m in sys.modules if m.split(".")[:2] in above)
 print(err, loaded)
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -213,17 +218,9 @@ def test_an_export_killed_half_way_leaves_the_last_deployment_whole(tmp_path):
     assert not list(tmp_path.glob(".dep.*")) and load(out) is not None
 
 
-FRESH_REL = """
-import sys, numpy as np
-import partune.deployed as d
-model = d.load(sys.argv[1])
-with np.load(sys.argv[1] + "/example_inputs.npz") as z:
-    inputs = [z[f"arr_{i}"] for i in range(len(z.files))]
-with np.load(sys.argv[1] + "/reference_outputs.npz") as z:
-    ref = [z[f"arr_{i}"] for i in range(len(z.files))]
-out = model(*inputs)
-print(max(np.linalg.norm(o - r) / np.linalg.norm(r) for o, r in zip(out, ref)))
-"""
+FRESH_REL = (
+    _LOAD + "print(max(np.linalg.norm(o - r) / np.linalg.norm(r) for o, r in zip(out, ref)))\n"
+)
 
 
 def test_an_int8_plan_deploys_with_its_calibrated_ranges(tmp_path):

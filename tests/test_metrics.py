@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -86,23 +88,13 @@ def test_check_metric_fits():
         check_metric_fits("top5", scores)
 
 
-def _old_held_out_inputs(inputs, seed):
-    """The drawing as it was written in runners/accuracy.py before it moved to core."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for a in inputs:
-        if a.dtype == bool:
-            out.append(rng.integers(0, 2, size=a.shape).astype(bool))
-        elif np.issubdtype(a.dtype, np.integer):
-            lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
-            out.append(rng.integers(lo, hi + 1, size=a.shape).astype(a.dtype))
-        else:
-            mean, std = (float(a.mean()), float(a.std())) if a.size else (0.0, 1.0)
-            out.append((mean + (std or 1.0) * rng.standard_normal(a.shape)).astype(a.dtype))
-    return out
+# The held-out set's bytes, pinned when its drawing moved to ``core.tensors.draw_like`` (checked
+# then against the code as it was in runners/accuracy.py): errors stored by earlier searches were
+# judged on these very arrays.
+PINNED = {HELD_OUT_SEED: "d8c16b0f587d3de8", 0: "c9b3272ffe8111e0", 7: "04611b23b2bb77d9"}
 
 
-@pytest.mark.parametrize("seed", [HELD_OUT_SEED, 0, 7])
+@pytest.mark.parametrize("seed", list(PINNED))
 def test_held_out_inputs_are_the_same_arrays_as_before(seed):
     rng = np.random.default_rng(3)
     inputs = [
@@ -113,6 +105,8 @@ def test_held_out_inputs_are_the_same_arrays_as_before(seed):
         np.full((2,), 1.5, "float64"),  # no spread: drawn with a spread of 1
     ]
     new = held_out_inputs(inputs, seed) if seed != HELD_OUT_SEED else held_out_inputs(inputs)
-    old = _old_held_out_inputs(inputs, seed)
-    for a, b in zip(new, old, strict=True):
-        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    h = hashlib.sha256()
+    for a in new:
+        h.update(str((a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    assert h.hexdigest()[:16] == PINNED[seed]
