@@ -12,9 +12,12 @@ pickled: what a message decodes to never runs code.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
+import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -137,6 +140,11 @@ class Validation:
 
     def arrays(self) -> list[list[np.ndarray]]:
         return [[decode_array(a) for a in s] for s in self.samples]
+
+    @cached_property
+    def digest(self) -> str:
+        """A name for the samples and metric (in the keys of what they judged), hashed once."""
+        return hashlib.sha256(json.dumps(self.to_json()).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict[str, Any]:
         return {"samples": [list(s) for s in self.samples], "metric": self.metric}

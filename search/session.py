@@ -37,7 +37,6 @@ from partune.core import (
     SEScope,
     candidate_key,
     clean_error,
-    digest,
     draw_like,
     last_line,
     plan_key,
@@ -457,7 +456,7 @@ class SearchSession:
         m, took = self.obtain(
             plan_key(plan)
             + (":fresh" if fresh else "")
-            + (f":judged:{digest(judged.to_json(), 16)}" if judged else ""),
+            + (f":judged:{judged.digest}" if judged else ""),
             lambda: self.runner.run(
                 plan_request(
                     self.module_file, plan, self.model.inputs, PLAN_PROTOCOL, fresh, judged

@@ -118,7 +118,7 @@ def _verdict_key(s: SessionView, finalists: dict[str, Plan], wanted: tuple[str, 
     an f32 verdict's key as it always was."""
     depends = (f"int8-calibration:{s.calibration.digest}",) if s.calibration else ()
     if s.validation is not None:
-        depends += (f"judged:{digest(s.validation.to_json(), 16)}",)
+        depends += (f"judged:{s.validation.digest}",)
     return verdict_key(
         s.graph.fingerprint,
         {label: plan_key(p) for label, p in finalists.items()},
