@@ -17,7 +17,7 @@ the region to ONNX (``partune.backends.relax_onnx``).
 Without VNNI, ``vpmaddubsw`` sums u8 x s8 products in pairs into int16, which saturates when
 both are at full range: measured on this project's AVX2 machine, a two-matmul block was 6-13%
 off f32 at 8-bit weights and activations, onnxruntime 1.32 and OpenVINO 2026.4 alike. The bit
-is taken from the activations there (u8 in [0, 127], ``ACTIVATION_LEVELS``; 2 x 127 x 127 fits
+is taken from the activations there (u8 in [0, 127], ``INT8_ACTIVATION_LEVELS``; 2 x 127 x 127 fits
 int16), not from the weights as onnxruntime's ``reduce_range`` does: on squeezenet the whole
 model in int8 was 1.2% off f32 so, 1.8% with 7-bit weights. With VNNI or AMX int8 both are 8-bit.
 """
@@ -48,11 +48,12 @@ _OPS: dict[str, tuple[Callable[..., relax.Expr], tuple[str, ...], int, bool]] = 
 
 INT8_LEVELS = 127  # the largest int8 weight magnitude
 _VNNI = bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
-ACTIVATION_LEVELS = 255 if _VNNI else 127  # the u8 steps of an activation (module docstring)
-INT8_ACTIVATION_LEVELS = ACTIVATION_LEVELS  # as the layer exports it
+INT8_ACTIVATION_LEVELS = 255 if _VNNI else 127  # an activation's u8 steps (module docstring)
 # How ranges become int8 here, named in every calibration's digest: a change to it is a change to
 # every int8 plan's values, which must then be measured again, not read from the store.
-INT8_SCHEME = f"qdq: s8 weights per channel, u8 activations in {ACTIVATION_LEVELS} steps, units v6"
+INT8_SCHEME = (
+    f"qdq: s8 weights per channel, u8 activations in {INT8_ACTIVATION_LEVELS} steps, units v6"
+)
 
 
 def _f32(expr: relax.Expr) -> bool:
@@ -82,10 +83,10 @@ def quantizes(value: relax.Expr) -> bool:
 
 def activation_qparams(rng: Range) -> tuple[float, int]:
     """Scale and uint8 zero point of an activation ranging over ``rng`` (zero kept exact), in
-    ``ACTIVATION_LEVELS`` steps."""
+    ``INT8_ACTIVATION_LEVELS`` steps."""
     lo, hi = min(float(rng[0]), 0.0), max(float(rng[1]), 0.0)
-    scale = (hi - lo) / ACTIVATION_LEVELS or 1.0
-    return scale, int(np.clip(round(-lo / scale), 0, ACTIVATION_LEVELS))
+    scale = (hi - lo) / INT8_ACTIVATION_LEVELS or 1.0
+    return scale, int(np.clip(round(-lo / scale), 0, INT8_ACTIVATION_LEVELS))
 
 
 def _qdq_activation(x: relax.Expr, rng: Range) -> relax.Expr:
