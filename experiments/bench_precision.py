@@ -53,7 +53,8 @@ DEFAULT_MODELS = [
     "wav2vec2",
     "deberta",
 ]
-INT8_PEERS = ("onnxruntime int8", "openvino int8")  # one column each; labels say which graph ran
+# One column each; labels say which graph ran.
+INT8_PEERS = ("onnxruntime int8", "openvino int8", "openvino int8 accuracy-control")
 STATS = re.compile(r"search ([\d.]+) s; candidates (\d+); measurements made (\d+)")
 
 
@@ -139,7 +140,7 @@ def _x(v: float | None, bold: bool = False) -> str:
 
 def _peer_cell(r: dict, prefix: str, tolerance: float) -> str:
     """An int8 peer's median and error, marked when over budget ("-": not a peer here)."""
-    peer = next((p for p in r["peers"] if p.startswith(prefix)), None)
+    peer = next((p for p in r["peers"] if p.startswith(f"{prefix} (")), None)
     if peer is None:
         return "-"
     if peer not in r["verdict"]:
@@ -234,7 +235,9 @@ PREAMBLE = (
     "makeup: share of the plan's measured isolated region time per backend and precision. "
     "Peers run on the model as given (the .onnx file; a torch.onnx.export for zoo models): f32 "
     "onnxruntime, OpenVINO and torch.compile; onnxruntime int8 (quantize_static) and OpenVINO "
-    "int8 (NNCF quantize), each with its error; over budget a peer is no bar. x fastest peer "
+    "int8 (NNCF quantize), and NNCF quantize_with_accuracy_control at the same budget (layers "
+    "reverted to f32 by sensitivity until the budget holds), each with its error; over budget a "
+    "peer is no bar. x fastest peer "
     "within budget: against the fastest of the f32 peers and the int8 peers within budget "
     "(> 1: the plan is faster). An emitted plan named after a peer is the model's own file "
     "under that library (no partitioned plan beat it)."

@@ -8,6 +8,7 @@ the ``.pt2`` reader, to rebuild a torch peer; see docs/architecture.md).
 from partune.core.exports import lazy_exports
 
 __all__ = [
+    "ACCURACY_CONTROL",
     "BF16_PEERS",
     "BuildPool",
     "DEFAULT_PEERS",
@@ -18,6 +19,7 @@ __all__ = [
     "METRICS",
     "Measurement",
     "PEER_LABELS",
+    "QuantizationData",
     "RPCRunner",
     "Runner",
     "Validation",
@@ -82,7 +84,7 @@ __getattr__, __dir__ = lazy_exports(
             "region_request",
             "tune_request",
         ),
-        "int8_peers": ("INT8_PEERS",),
+        "int8_peers": ("ACCURACY_CONTROL", "INT8_PEERS", "QuantizationData"),
         "local": ("LocalRunner",),
         "peers": (
             "BF16_PEERS",

@@ -21,7 +21,7 @@ import numpy as np
 from partune.backends import LIBRARIES, open_model_file
 from partune.core import last_line
 from partune.frontend import load_program
-from partune.runners.int8_peers import INT8_PEERS, QUANTIZERS
+from partune.runners.int8_peers import ACCURACY_CONTROL, INT8_PEERS, QUANTIZERS, QuantizationData
 
 Runnable = Callable[[], object]
 
@@ -152,6 +152,7 @@ PEER_LABELS = {
     "torch.compile bf16": "torch.compile bf16 (inductor, autocast)",
     "onnxruntime int8": "onnxruntime int8",  # quantize_static on the file (``int8_peers``)
     "openvino int8": "openvino int8",  # NNCF's quantize on the file
+    ACCURACY_CONTROL: ACCURACY_CONTROL,  # NNCF's quantize_with_accuracy_control on the file
 }
 DEFAULT_PEERS = ("onnxruntime", "openvino", "torch.compile")
 # With --precision bf16, the peers at that precision too: OpenVINO's bf16 (its own default on
@@ -167,9 +168,9 @@ def _library(kind: str) -> bool:
 
 def _kind_fields(kind: str) -> dict[str, str]:
     """A peer kind as its spec spells it: what runs it, and a reduced precision ("openvino
-    bf16")."""
-    runs, _, precision = kind.partition(" ")
-    return {"kind": runs} | ({"precision": precision} if precision else {})
+    bf16"; "openvino int8 accuracy-control" computes in int8 too)."""
+    runs, *precision = kind.split()
+    return {"kind": runs} | ({"precision": precision[0]} if precision else {})
 
 
 def peer_label(kind: str, model) -> str:
@@ -197,7 +198,7 @@ def peer_specs(
     model,
     wanted: tuple[str, ...] = DEFAULT_PEERS,
     folder: str | Path | None = None,
-    calibration: list[list[np.ndarray]] | None = None,
+    quantization: QuantizationData | None = None,
 ) -> dict[str, dict]:
     """Specs of the peers a user of ``model`` would pick instead of Partune.
 
@@ -208,7 +209,7 @@ def peer_specs(
     escaped and copied on both sides. The torch peers need the module.
     A peer that cannot be packaged (an export that fails) is an "unavailable" spec with
     its one-line reason; one the library cannot read fails where it is built. The int8 peers
-    (``partune.runners.int8_peers``) are the file quantized here on ``calibration``, written into
+    (``partune.runners.int8_peers``) are the file quantized here on ``quantization``, written into
     ``folder``, with the f32 file as their ``reference``.
     """
     specs: dict[str, dict] = {}
@@ -229,7 +230,7 @@ def peer_specs(
                 for k in libraries
                 if k not in INT8_PEERS
             }
-            specs |= _int8_specs(model, libraries, onnx, folder, calibration)
+            specs |= _int8_specs(model, libraries, onnx, folder, quantization)
         except Exception as e:  # noqa: BLE001 - the exporters raise many kinds
             why = f"{model_origin(model)}: {last_line(e, 160)}"
             specs |= {peer_label(k, model): {"kind": "unavailable", "why": why} for k in libraries}
@@ -248,7 +249,11 @@ def peer_specs(
 
 
 def _int8_specs(
-    model, libraries: list[str], onnx: dict, folder: str | Path | None, calibration
+    model,
+    libraries: list[str],
+    onnx: dict,
+    folder: str | Path | None,
+    quantization: QuantizationData | None,
 ) -> dict[str, dict]:
     """The int8 peers asked for: the file quantized by each library's own tool (one line of
     why where it cannot be)."""
@@ -256,11 +261,11 @@ def _int8_specs(
     for kind in (k for k in libraries if k in INT8_PEERS):
         label = peer_label(kind, model)
         try:
-            if folder is None or not calibration:
+            if folder is None or quantization is None or not quantization.calibration:
                 raise RuntimeError("no calibration data to quantize with")
             path = Path(folder) / f"peer.{kind.replace(' ', '-')}.onnx"
             if not path.exists():
-                path.write_bytes(QUANTIZERS[kind](_onnx_of(onnx), calibration))
+                path.write_bytes(QUANTIZERS[kind](_onnx_of(onnx), quantization))
             specs[label] = _kind_fields(kind) | {"onnx_file": str(path), "reference": onnx}
         except Exception as e:  # noqa: BLE001 - the quantizers raise many kinds
             specs[label] = {"kind": "unavailable", "why": f"cannot quantize: {last_line(e, 160)}"}

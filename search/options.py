@@ -13,6 +13,8 @@ from partune.runners import DEFAULT_PEERS, BuildPool
 from partune.search.budget import Budget
 from partune.search.result import Progress
 
+DEFAULT_TOLERANCE = 1e-2  # the accuracy budget a reduced precision gets unless told otherwise
+
 
 @dataclass
 class TuneOptions:

@@ -49,6 +49,7 @@ from partune.cost_models import BorderModel, region_features
 from partune.runners import (
     Lookahead,
     Measurement,
+    QuantizationData,
     Runner,
     Validation,
     has_reduced,
@@ -63,7 +64,7 @@ from partune.search.candidates import Candidate, backend_plan, enumerate_candida
 from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from partune.search.finalists import pick_finalists, refinement
 from partune.search.int8_calibration import calibrate_int8
-from partune.search.options import TuneOptions
+from partune.search.options import DEFAULT_TOLERANCE, TuneOptions
 from partune.search.precision import budgeted, overran, repair
 from partune.search.pruning import features, prune
 from partune.search.result import Counts, Progress, TuneResult
@@ -416,6 +417,21 @@ class SearchSession:
             return list(self.options.calibration)
         inputs = list(self.model.inputs)
         return [inputs] + [draw_like(inputs, seed) for seed in range(1, SYNTHETIC_SAMPLES)]
+
+    def int8_data(self) -> QuantizationData:
+        """What the int8 peers are quantized on and held to: the samples int8 is calibrated on,
+        and the samples, metric and budget the plans are judged by."""
+        judged = (
+            self.validation.arrays()
+            if self.validation is not None
+            else [list(self.model.inputs), held_out_inputs(self.model.inputs)]
+        )
+        return QuantizationData(
+            self.int8_samples(),
+            judged,
+            self.options.metric,
+            self.options.tolerance if self.options.tolerance is not None else DEFAULT_TOLERANCE,
+        )
 
     def with_ranges(self, plan: Plan) -> Plan:
         """``plan`` with the int8 ranges where it has int8 regions (the ranges are the plan's:

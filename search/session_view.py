@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from partune.core import PRECISIONS
 
 if TYPE_CHECKING:
-    import numpy as np
     import tvm
 
     from partune.core import Calibration, CompilationConfig, DataflowGraph, Plan, Region, SEScope
     from partune.cost_models import BorderModel
     from partune.frontend import Model
-    from partune.runners import Measurement, Runner, Validation
+    from partune.runners import Measurement, QuantizationData, Runner, Validation
     from partune.search.candidates import Candidate
     from partune.search.dp import Cover
     from partune.search.options import TuneOptions
@@ -84,6 +83,6 @@ class SessionView(Protocol):
 
     def hopeless(self, estimate_s: float) -> Measurement | None: ...
 
-    def int8_samples(self) -> list[list[np.ndarray]]: ...
+    def int8_data(self) -> QuantizationData: ...
 
     def second_opinions(self, border: BorderModel | None = None, suffix: str = "") -> list[str]: ...

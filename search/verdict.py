@@ -25,6 +25,7 @@ from partune.core import (
     verdict_key,
 )
 from partune.runners import (
+    ACCURACY_CONTROL,
     BF16_PEERS,
     INT8_PEERS,
     LIBRARY_PEERS,
@@ -119,6 +120,8 @@ def _verdict_key(s: SessionView, finalists: dict[str, Plan], wanted: tuple[str, 
     depends = (f"int8-calibration:{s.calibration.digest}",) if s.calibration else ()
     if s.validation is not None:
         depends += (f"judged:{s.validation.digest}",)
+    if ACCURACY_CONTROL in wanted:  # quantized to the budget
+        depends += (f"budget:{s.int8_data().tolerance:g}",)
     return verdict_key(
         s.graph.fingerprint,
         {label: plan_key(p) for label, p in finalists.items()},
@@ -164,7 +167,7 @@ def judge(s: SessionView, finalists: dict[str, Plan]) -> None:
     s.progress.start_phase("plans vs peers, interleaved", 1)
     while not all(key + label in store for label in labels):
         if store.claims.claim(key) or _never_stored(store, key, labels):
-            specs = peer_specs(model, wanted, s.module_file.parent, s.int8_samples())
+            specs = peer_specs(model, wanted, s.module_file.parent, s.int8_data())
             request = compare_request(
                 s.module_file, finalists, specs, model.inputs, VERDICT_ROUNDS, s.validation
             )
