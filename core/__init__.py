@@ -9,6 +9,7 @@ under, and version fingerprints. Imports TVM and nothing of Partune
 from partune.core.exports import lazy_exports
 
 __all__ = [
+    "AxisUse",
     "Calibration",
     "CompilationConfig",
     "DataflowGraph",
@@ -26,7 +27,10 @@ __all__ = [
     "PlanError",
     "REDUCED",
     "Region",
+    "Route",
     "SEScope",
+    "ShapeBucket",
+    "ShapePlans",
     "SubGraph",
     "calibration_keys",
     "candidate_key",
@@ -50,6 +54,7 @@ __all__ = [
     "known_shape",
     "last_line",
     "lift_region",
+    "load_plans",
     "main_bindings",
     "model_file_plan",
     "op_counts",
@@ -140,6 +145,7 @@ __getattr__, __dir__ = lazy_exports(
             "SEScope",
             "cpu_target",
         ),
+        "shapes": ("AxisUse", "Route", "ShapeBucket", "ShapePlans", "load_plans"),
         "subgraph": ("SubGraph",),
         "tensors": (
             "draw_like",

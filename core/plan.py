@@ -17,6 +17,7 @@ from partune.core.scopes import CompilationConfig, ScopeError, SEScope
 from partune.core.versions import tool_versions
 
 FORMAT = "partune-plan/1"
+SHAPES_FORMAT = "partune-shapes/1"  # a plan per shape bucket (``partune.core.shapes``)
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,11 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Plan:
+        if isinstance(data, dict) and data.get("format") == SHAPES_FORMAT:
+            raise PlanError(
+                f"this plan file holds {len(data.get('buckets', []))} shape buckets, one plan per "
+                "tuned shape: export it (`partune export`), or run one bucket's shapes"
+            )
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise PlanError(f"not a Partune plan (expected format '{FORMAT}')")
         try:
@@ -161,15 +167,7 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise PlanError(f"cannot read plan {path}: {e.strerror}") from e
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PlanError(f"plan {path} is not JSON: {e.msg} at line {e.lineno}") from e
-        return cls.from_json(data)
+        return cls.from_json(read_plan_json(path))
 
     def validate(self, graph: DataflowGraph, known_backends: tuple[str, ...]) -> None:
         """Raise PlanError unless this plan fits ``graph`` and names only known backends."""
@@ -199,6 +197,18 @@ class Plan:
                 f"{', '.join(map(str, missing[:5]))}{more}"
             )
         region_order(graph, self.regions)  # raises on cyclic region dependencies
+
+
+def read_plan_json(path: str | Path) -> Any:
+    """A plan file's JSON, or a PlanError saying why it cannot be read."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise PlanError(f"cannot read plan {path}: {e.strerror}") from e
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlanError(f"plan {path} is not JSON: {e.msg} at line {e.lineno}") from e
 
 
 def region_order(graph: DataflowGraph, regions: tuple[Region, ...]) -> list[int]:

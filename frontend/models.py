@@ -32,6 +32,7 @@ from partune.core import (
 )
 from partune.frontend.onnx_folding import explicit_conv_pads, fold_onnx_shapes
 from partune.frontend.pipeline import PassRun, check_pass_names, normalise
+from partune.frontend.shapes import axis_default
 
 SEED = 0
 
@@ -208,10 +209,11 @@ def _reference(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 def _fix_input_shapes(
     proto, given: dict[str, tuple[int, ...]], assumed: list[str]
 ) -> dict[str, tuple[int, ...]]:
-    """Static input shapes: the search works on them. ``given`` wins; other symbolic dims become 1.
+    """Static input shapes: the search works on them. ``given`` wins; another symbolic dim takes
+    its default (``partune.frontend.shapes.axis_default``: 128 for a sequence, else 1).
 
-    Every dimension assumed to be 1 is described in ``assumed``, so the user learns that
-    a sequence length came out as 1 and how to set it.
+    Every dimension assumed is described in ``assumed``, so the user learns which shape was
+    tuned and how to set another.
     """
     init_names = {i.name for i in proto.graph.initializer}
     inputs = [i for i in proto.graph.input if i.name not in init_names]
@@ -251,11 +253,14 @@ def _fix_input_shapes(
                 d.ClearField("dim_param")
                 d.dim_value = w
         elif symbolic := [d.dim_param or "?" for d in dims if d.dim_value <= 0]:
-            assumed.append(f"{inp.name}: {', '.join(symbolic)} taken as 1")
-            for d in dims:
-                if d.dim_value <= 0:
-                    d.ClearField("dim_param")
-                    d.dim_value = 1
+            sizes = [axis_default(a) for a in symbolic]
+            assumed.append(
+                f"{inp.name}: "
+                + ", ".join(f"{a} taken as {n}" for a, n in zip(symbolic, sizes, strict=True))
+            )
+            for d, n in zip((d for d in dims if d.dim_value <= 0), sizes, strict=True):
+                d.ClearField("dim_param")
+                d.dim_value = n
         shapes[inp.name] = tuple(d.dim_value for d in dims)
     return shapes
 
