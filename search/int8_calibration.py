@@ -18,11 +18,49 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tvm import relax
 
-from partune.core import INT8_SCHEME, Calibration, int8_units, main_bindings, unit_chain
+from partune.core import (
+    INT8_SCHEME,
+    Calibration,
+    draw_like,
+    int8_units,
+    main_bindings,
+    unit_chain,
+)
+from partune.runners import QuantizationData, held_out_inputs
 from partune.store import Notes
 
 if TYPE_CHECKING:
+    from partune.frontend import Model
+    from partune.runners import Validation
+    from partune.search.options import TuneOptions
     from partune.search.session_view import SessionView
+
+SYNTHETIC_SAMPLES = 4  # int8 calibrated on the model's inputs and three draws like them
+
+
+def calibration_samples(model: Model, options: TuneOptions) -> list[list[np.ndarray]]:
+    """What int8 is calibrated on: the user's samples, else the model's inputs and draws like
+    them (never the held-out set the plans' errors are judged on)."""
+    if options.calibration:
+        return list(options.calibration)
+    inputs = list(model.inputs)
+    return [inputs] + [draw_like(inputs, seed) for seed in range(1, SYNTHETIC_SAMPLES)]
+
+
+def quantization_data(
+    model: Model, options: TuneOptions, validation: Validation | None
+) -> QuantizationData:
+    """What the int8 peers are quantized on and held to: the samples int8 is calibrated on,
+    and the samples (``validation``, else the inputs and the held-out draw), metric and budget
+    the plans are judged by."""
+    judged = (
+        validation.arrays()
+        if validation is not None
+        else [list(model.inputs), held_out_inputs(model.inputs)]
+    )
+    return QuantizationData(
+        calibration_samples(model, options), judged, options.metric, options.accuracy_budget
+    )
 
 
 def calibrated_tensors(func: relax.Function) -> dict[relax.Var, str]:

@@ -49,3 +49,8 @@ class TuneOptions:
     budget: Budget | None = (
         None  # a time budget to spend (``partune.search.budget``), not only respect
     )
+
+    @property
+    def accuracy_budget(self) -> float:
+        """``tolerance``, or the default budget a reduced precision gets."""
+        return self.tolerance if self.tolerance is not None else DEFAULT_TOLERANCE

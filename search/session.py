@@ -37,7 +37,6 @@ from partune.core import (
     SEScope,
     candidate_key,
     clean_error,
-    draw_like,
     last_line,
     plan_key,
     region_label,
@@ -49,7 +48,6 @@ from partune.cost_models import BorderModel, region_features
 from partune.runners import (
     Lookahead,
     Measurement,
-    QuantizationData,
     Runner,
     Validation,
     has_reduced,
@@ -63,8 +61,8 @@ from partune.search.calibration import CalibrationView, calibrate
 from partune.search.candidates import Candidate, backend_plan, enumerate_candidates
 from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from partune.search.finalists import pick_finalists, refinement
-from partune.search.int8_calibration import calibrate_int8
-from partune.search.options import DEFAULT_TOLERANCE, TuneOptions
+from partune.search.int8_calibration import calibrate_int8, calibration_samples
+from partune.search.options import TuneOptions
 from partune.search.precision import budgeted, overran, repair
 from partune.search.pruning import features, prune
 from partune.search.result import Counts, Progress, TuneResult
@@ -80,7 +78,6 @@ HOPELESS = 10.0
 NOT_MEASURED = (
     "not measured"  # how such a plan's measurement begins (the summary shows it as skipped)
 )
-SYNTHETIC_SAMPLES = 4  # int8 calibrated on the model's inputs and three draws like them
 MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regions
 # With a cost model, an unmeasured candidate enters the DP at this share of its predicted
 # cost: a prediction a little too high then still gets the candidate tried (measured) when
@@ -162,7 +159,7 @@ class SearchSession:
         self.adjust = self.calibrate()
         self.result.adjust_s = {scope_name(k): v for k, v in self.adjust.items()}
         if INT8 in self.config.precisions:
-            self.calibration = calibrate_int8(self, self.int8_samples())
+            self.calibration = calibrate_int8(self, calibration_samples(self.model, self.options))
         opts = self.options
         tune_s = opts.tune_budget_s or (opts.budget.tuning_s() if opts.budget is not None else 0.0)
         if self.autotuned and tune_s > 0:
@@ -409,29 +406,6 @@ class SearchSession:
         if not samples and options.metric != "rel":
             samples = [self.model.inputs, held_out_inputs(self.model.inputs)]
         return Validation.of(samples, options.metric) if samples else None
-
-    def int8_samples(self) -> list[list[np.ndarray]]:
-        """What int8 is calibrated on: the user's samples, else the model's inputs and draws
-        like them (never the held-out set the plans' errors are judged on)."""
-        if self.options.calibration:
-            return list(self.options.calibration)
-        inputs = list(self.model.inputs)
-        return [inputs] + [draw_like(inputs, seed) for seed in range(1, SYNTHETIC_SAMPLES)]
-
-    def int8_data(self) -> QuantizationData:
-        """What the int8 peers are quantized on and held to: the samples int8 is calibrated on,
-        and the samples, metric and budget the plans are judged by."""
-        judged = (
-            self.validation.arrays()
-            if self.validation is not None
-            else [list(self.model.inputs), held_out_inputs(self.model.inputs)]
-        )
-        return QuantizationData(
-            self.int8_samples(),
-            judged,
-            self.options.metric,
-            self.options.tolerance if self.options.tolerance is not None else DEFAULT_TOLERANCE,
-        )
 
     def with_ranges(self, plan: Plan) -> Plan:
         """``plan`` with the int8 ranges where it has int8 regions (the ranges are the plan's:

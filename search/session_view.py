@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from partune.core import Calibration, CompilationConfig, DataflowGraph, Plan, Region, SEScope
     from partune.cost_models import BorderModel
     from partune.frontend import Model
-    from partune.runners import Measurement, QuantizationData, Runner, Validation
+    from partune.runners import Measurement, Runner, Validation
     from partune.search.candidates import Candidate
     from partune.search.dp import Cover
     from partune.search.options import TuneOptions
@@ -82,7 +82,5 @@ class SessionView(Protocol):
     ) -> tuple[Cover, Plan] | None: ...
 
     def hopeless(self, estimate_s: float) -> Measurement | None: ...
-
-    def int8_data(self) -> QuantizationData: ...
 
     def second_opinions(self, border: BorderModel | None = None, suffix: str = "") -> list[str]: ...

@@ -37,6 +37,7 @@ from partune.runners import (
     peer_label,
     peer_specs,
 )
+from partune.search.int8_calibration import quantization_data
 from partune.search.result import Verdict
 from partune.store import FIRST_POLL_S, POLL_S
 
@@ -121,7 +122,7 @@ def _verdict_key(s: SessionView, finalists: dict[str, Plan], wanted: tuple[str, 
     if s.validation is not None:
         depends += (f"judged:{s.validation.digest}",)
     if ACCURACY_CONTROL in wanted:  # quantized to the budget
-        depends += (f"budget:{s.int8_data().tolerance:g}",)
+        depends += (f"budget:{s.options.accuracy_budget:g}",)
     return verdict_key(
         s.graph.fingerprint,
         {label: plan_key(p) for label, p in finalists.items()},
@@ -167,7 +168,12 @@ def judge(s: SessionView, finalists: dict[str, Plan]) -> None:
     s.progress.start_phase("plans vs peers, interleaved", 1)
     while not all(key + label in store for label in labels):
         if store.claims.claim(key) or _never_stored(store, key, labels):
-            specs = peer_specs(model, wanted, s.module_file.parent, s.int8_data())
+            specs = peer_specs(
+                model,
+                wanted,
+                s.module_file.parent,
+                quantization_data(model, s.options, s.validation),
+            )
             request = compare_request(
                 s.module_file, finalists, specs, model.inputs, VERDICT_ROUNDS, s.validation
             )

@@ -21,7 +21,9 @@ def _data(tolerance: float) -> QuantizationData:
 def _error(quantized: bytes, f32: bytes, q: QuantizationData) -> float:
     run = open_model_file("openvino", quantized, q.validation[0], 1)
     reference = open_model_file("openvino", f32, q.validation[0], 1)
-    return metric_error(q.metric, [run(s) for s in q.validation], [reference(s) for s in q.validation])
+    return metric_error(
+        q.metric, [run(s) for s in q.validation], [reference(s) for s in q.validation]
+    )
 
 
 def _quantizers(data: bytes) -> int:

@@ -46,7 +46,10 @@ def load_model(args: argparse.Namespace):
         args.model, parse_input_shapes(args.input_shape), getattr(args, "disable_pass", None) or ()
     )
     for note in model.assumed:
-        print(f"partune: note: {note} (set it with --input-shape, or tune several with --shapes)", file=sys.stderr)
+        print(
+            f"partune: note: {note} (set it with --input-shape, or tune several with --shapes)",
+            file=sys.stderr,
+        )
     return model
 
 
