@@ -50,11 +50,16 @@ class ModelFileRun:
 
 
 def open_model_file(
-    library: str, data: bytes, inputs: list[np.ndarray], threads: int, precision: str = "f32"
+    library: str,
+    data: bytes,
+    inputs: list[np.ndarray] | None,
+    threads: int,
+    precision: str = "f32",
 ) -> ModelFileRun:
     """Compile ``data`` (ONNX bytes) with ``library`` for inputs shaped like ``inputs``, to
     compute in ``precision`` (bf16: OpenVINO only, as its CPU plugin does by default on
-    CPUs with bf16 instructions)."""
+    CPUs with bf16 instructions). ``inputs`` None: the file's open dimensions stay open, and
+    each call may bring other shapes (a deployment's fallback for shapes no plan serves)."""
     if library == "onnxruntime" and precision == "f32":
         return _onnxruntime(data, inputs, threads)
     if library == "openvino":
@@ -69,7 +74,7 @@ def _first_line(e: BaseException) -> str:
     return (lines[0] if lines else type(e).__name__)[:300]
 
 
-def _onnxruntime(data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFileRun:
+def _onnxruntime(data: bytes, inputs: list[np.ndarray] | None, threads: int) -> ModelFileRun:
     import onnxruntime as ort
 
     from partune.backends.onnxruntime_backend import session_options
@@ -81,7 +86,7 @@ def _onnxruntime(data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFi
     except Exception as e:  # noqa: BLE001 - ORT raises several kinds
         raise ModelFileError(f"onnxruntime cannot load the file: {_first_line(e)}") from e
     names = [i.name for i in sess.get_inputs()]
-    if len(names) != len(inputs):
+    if inputs is not None and len(names) != len(inputs):
         raise ModelFileError(f"the file takes {len(names)} inputs, the model {len(inputs)}")
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -90,13 +95,16 @@ def _onnxruntime(data: bytes, inputs: list[np.ndarray], threads: int) -> ModelFi
     return ModelFileRun("onnxruntime", names, run)
 
 
-def openvino_model(data: bytes, inputs: list[np.ndarray]):
-    """The file read by OpenVINO, its open dimensions set to ``inputs``' shapes (not compiled)."""
+def openvino_model(data: bytes, inputs: list[np.ndarray] | None):
+    """The file read by OpenVINO, its open dimensions set to ``inputs``' shapes (not compiled;
+    ``inputs`` None: left open)."""
     import openvino as ov
 
     from partune.backends.openvino_backend import openvino_core
 
     model = openvino_core().read_model(data)
+    if inputs is None:
+        return model
     if len(model.inputs) != len(inputs):
         raise ModelFileError(f"the file takes {len(model.inputs)} inputs, the model {len(inputs)}")
     if model.is_dynamic():
@@ -110,7 +118,7 @@ def openvino_model(data: bytes, inputs: list[np.ndarray]):
 
 
 def _openvino(
-    data: bytes, inputs: list[np.ndarray], threads: int, precision: str = "f32"
+    data: bytes, inputs: list[np.ndarray] | None, threads: int, precision: str = "f32"
 ) -> ModelFileRun:
     from partune.backends.openvino_backend import compile_config, openvino_core
 

@@ -151,6 +151,13 @@ class ShapePlans:
             out.append(served)
         return out
 
+    def spans(self) -> list[str]:
+        """``ranges`` as people read them, one line per bucket ("batch 1, sequence 33-128")."""
+        return [
+            ", ".join(f"{a} {lo}-{hi}" if lo < hi else f"{a} {hi}" for a, (lo, hi) in r.items())
+            for r in self.ranges()
+        ]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,

@@ -348,6 +348,24 @@ def build_parser() -> argparse.ArgumentParser:
         "partitioned plan, that is the plan emitted (default onnxruntime,openvino,torch.compile)",
     )
     t.add_argument(
+        "--shapes",
+        metavar="AXIS=N,N,...;...",
+        help="the shapes you serve, for an ONNX file with symbolic axes: the points to tune "
+        "each axis at, e.g. 'sequence=32,128,384' or 'sequence=16,64;batch=1,8' (every "
+        "combination is tuned, one plan each), or INPUT=D1,D2,... for one input's whole shape. "
+        "The plan file then holds one plan per point, and its export serves the whole range: a "
+        "call runs the plan of its shape, padded up to the next point where padding is safe, "
+        "else your file under its fastest library. Without it, a symbolic sequence is tuned at "
+        "128 and any other open dimension at 1",
+    )
+    t.add_argument(
+        "--pad-safe",
+        metavar="AXIS,...",
+        help="with --shapes: axes on which padding a call up to a tuned point leaves the real "
+        "positions' outputs unchanged (a causal decoder's sequence; a batch whose samples do not "
+        "mix). A sequence axis that an attention-mask input carries is padded without asking",
+    )
+    t.add_argument(
         "-o", "--output", default="plan.json", help="where to write the plan (default plan.json)"
     )
     t.set_defaults(func=cmd_tune)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,22 +32,31 @@ MODEL_FILE = "model.onnx"  # a model-file plan's graph
 
 
 def export(model, plan: Plan, out: str | Path, threads: int = 1) -> Path:
-    """Compile ``model`` under ``plan`` into ``out`` (replaced if it exists); returns ``out``.
-
-    The directory is built in a staging folder beside ``out`` and moved into place whole:
-    an export killed half way leaves the previous deployment as it was, never a half-written
-    one, and the next export clears what the killed one left."""
-    out = Path(out)
+    """Compile ``model`` under ``plan`` into ``out`` (replaced if it exists); returns ``out``."""
     plan.validate(model.graph, registry.names())
+    return staged(out, lambda staging: write_plan(model, plan, staging, threads))
+
+
+def write_plan(model, plan: Plan, out: Path, threads: int, prefix: str = "deploy") -> Path:
+    """``model`` under ``plan`` written into the empty folder ``out``; its library regions are
+    registered in the loading process under symbols that start with ``prefix``."""
+    if plan.model_file is not None:
+        return _export_model_file(model, plan, out, threads)
+    return _export_regions(model, plan, out, threads, prefix)
+
+
+def staged(out: str | Path, write: Callable[[Path], object]) -> Path:
+    """``write`` a deploy directory into a staging folder beside ``out``, then move it into
+    place whole: an export killed half way leaves the previous deployment as it was, never a
+    half-written one, and the next export clears what the killed one left."""
+    out = Path(out)
     if out.exists() and not (out / MANIFEST).is_file() and any(out.iterdir()):
         raise FileExistsError(f"{out} exists and is not a deploy directory: not overwriting it")
     _clear_leftovers(out)
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
     staging.mkdir(parents=True)
     try:
-        (_export_model_file if plan.model_file is not None else _export_regions)(
-            model, plan, staging, threads
-        )
+        write(staging)
         _move_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -82,11 +92,11 @@ def _move_into_place(staging: Path, out: Path) -> None:
     shutil.rmtree(retired, ignore_errors=True)
 
 
-def _export_regions(model, plan: Plan, out: Path, threads: int) -> Path:
+def _export_regions(model, plan: Plan, out: Path, threads: int, prefix: str) -> Path:
     """A partitioned plan: its library regions one file each, the rest compiled into
     ``model.so``."""
     (out / "regions").mkdir(parents=True)
-    partitioned = partition_plan(plan, model.mod, model.graph, prefix="deploy")
+    partitioned = partition_plan(plan, model.mod, model.graph, prefix=prefix)
     regions = []
     for func in partitioned.functions.values():
         if (

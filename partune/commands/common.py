@@ -38,6 +38,11 @@ def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def shape_flags(shapes: dict[str, tuple[int, ...]]) -> list[str]:
+    """Input shapes as ``--input-shape`` values (``parse_input_shapes`` reads them back)."""
+    return [f"{name}={','.join(map(str, dims))}" for name, dims in shapes.items()]
+
+
 def load_model(args: argparse.Namespace):
     """The model named on the command line; dimensions it left open are reported."""
     from partune.frontend import load

@@ -7,19 +7,27 @@ import argparse
 import sys
 from pathlib import Path
 
-from partune.commands.common import format_duration, is_zoo, job_attrs, load_model, study_summaries
+from partune.commands.common import (
+    format_duration,
+    is_zoo,
+    job_attrs,
+    load_model,
+    study_summaries,
+)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """A deploy directory from a plan file, or from the best plan a tuning study stored."""
-    from partune.core import PartuneError, Plan
+    from partune.core import PartuneError, Plan, ShapePlans, load_plans
     from partune.export import export
 
     spec, shapes = args.model, args.input_shape
     if args.plan:
         if not spec:
             raise PartuneError("export --plan needs the MODEL the plan was made for")
-        plan = Plan.load(args.plan)
+        plan = load_plans(args.plan)
+        if isinstance(plan, ShapePlans):
+            return _export_buckets(args, plan)
     else:
         if not args.study:
             raise PartuneError(
@@ -43,6 +51,41 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise PartuneError(str(e)) from None
     print(f"exported {model.name} under its plan ({', '.join(plan.backends)}) to {out}/")
     print(f"run it:  partune run {out}    or in Python: partune.deployed.load('{out}')(*inputs)")
+    return 0
+
+
+def _export_buckets(args: argparse.Namespace, plans) -> int:
+    """A deploy directory serving every shape bucket of ``plans``, each imported at its point."""
+    from partune.core import PartuneError
+    from partune.export_shapes import export_buckets
+    from partune.frontend import read_file_shapes
+
+    if args.input_shape:
+        raise PartuneError("a plan with shape buckets sets its own shapes: drop --input-shape")
+    names = [name for name, _ in read_file_shapes(args.model).inputs]
+
+    def load_at(i: int):
+        shapes = plans.buckets[i].inputs
+        args.input_shape = [
+            f"{n}={','.join(map(str, s))}" for n, s in zip(names, shapes, strict=True)
+        ]
+        model = load_model(args)
+        if plans.buckets[i].plan.fingerprint != model.graph.fingerprint:
+            raise PartuneError(
+                f"bucket {i} was made for another model (fingerprint "
+                f"{plans.buckets[i].plan.fingerprint}, {model.name} is {model.graph.fingerprint})"
+            )
+        return model
+
+    try:
+        out = export_buckets(plans, load_at, args.output, args.threads)
+    except FileExistsError as e:
+        raise PartuneError(str(e)) from None
+    print(f"exported {args.model} with {len(plans.buckets)} shape buckets to {out}/:")
+    for i, span in enumerate(plans.spans()):
+        print(f"  bucket{i}: {span}")
+    print(f"  any other shape: your file under {plans.fallback}")
+    print(f"run it in Python: partune.deployed.load('{out}')(*inputs)  (any shape your file takes)")
     return 0
 
 

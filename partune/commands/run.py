@@ -26,6 +26,8 @@ def cmd_run_deployed(args: argparse.Namespace) -> int:
 
     model = load(args.model, args.threads)
     m = model.manifest
+    if "buckets" in m:
+        return _run_buckets(args, model)
     if args.input:
         try:
             inputs = [np.load(f, allow_pickle=False) for f in args.input]
@@ -62,6 +64,43 @@ def cmd_run_deployed(args: argparse.Namespace) -> int:
             f"output {i}   {o.dtype}{list(o.shape)}"
             + (f" -> {args.output}_{i}.npy" if args.output else "")
         )
+    return 0
+
+
+def _run_buckets(args: argparse.Namespace, model) -> int:
+    """A deployment with shape buckets: each bucket at its own example inputs (its latency and
+    error), or the given inputs through the dispatch."""
+    import numpy as np
+
+    from partune.bench import max_abs_error
+    from partune.runners import time_callable
+
+    print(f"deployed   {model.manifest['model']} with {len(model.buckets)} shape buckets")
+    if args.input:
+        inputs = [np.load(f, allow_pickle=False) for f in args.input]
+        t = time_callable(model.prepare(*inputs))
+        outputs = model(*inputs)
+        route = model.plans.route([a.shape for a in inputs])
+        where = (
+            f"your file under {model.plans.fallback}"
+            if route.bucket is None
+            else f"bucket{route.bucket}" + (" padded" if route.padded else "")
+        )
+        print(f"latency    {t.median_s * 1e3:.3f} ms median ({where}; {args.threads} thread(s))")
+        for i, o in enumerate(outputs):
+            if args.output:
+                np.save(f"{args.output}_{i}.npy", o)
+            print(f"output {i}   {o.dtype}{list(o.shape)}")
+        return 0
+    for i, (bucket, span) in enumerate(zip(model.buckets, model.plans.spans(), strict=True)):
+        inputs = bucket.example_inputs()
+        t = time_callable(model.prepare(*inputs))
+        err = max_abs_error(model(*inputs), bucket.reference_outputs())
+        print(
+            f"bucket{i}    {t.median_s * 1e3:.3f} ms median at its point ({span}); max |err| "
+            f"{err:.3g} vs {bucket.manifest['reference']}"
+        )
+    print(f"any other shape: your file under {model.plans.fallback}")
     return 0
 
 

@@ -30,6 +30,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     plan."""
     import time
 
+    if args.shapes is not None and getattr(args, "shape_label", None) is None:
+        from partune.commands.tune_shapes import cmd_tune_shapes
+
+        return cmd_tune_shapes(args, cmd_tune)  # each point of --shapes comes back here
     started = time.monotonic()
     from partune.search import Progress, tune
 
@@ -154,6 +158,8 @@ def _prepare(args: argparse.Namespace) -> _Job:
         retry_failed=args.retry_failed,
     )
     study_name = args.study or _study_name(args, model.name, named)
+    if label := getattr(args, "shape_label", None):  # one bucket of --shapes: a study each
+        study_name += f":{label}"
     peers = tuple(p for p in args.peers.split(",") if p and p != "none")
     if unknown := [p for p in peers if p not in PEER_LABELS]:
         raise PartuneError(
@@ -341,8 +347,12 @@ def _finish(args: argparse.Namespace, job: _Job, result, notes: list[str]) -> in
         print(line)
     if args.cost_model:
         print(_update_cost_model(args.cost_model, job.cost_model, result, job.model))
-    print(f"plan written to {args.output}; study '{study.study_name}' in {args.storage}")
-    print(f"deploy it: partune export --study '{study.study_name}' --storage {args.storage} -o DIR")
+    if getattr(args, "shape_label", None) is None:  # a bucket's plan goes into the job's file
+        print(f"plan written to {args.output}; study '{study.study_name}' in {args.storage}")
+        print(
+            f"deploy it: partune export --study '{study.study_name}' --storage {args.storage} "
+            "-o DIR"
+        )
     return 0
 
 
