@@ -78,6 +78,18 @@ def test_the_export_serves_every_shape_within_tolerance_of_the_file(encoder):
         deployed(ids.astype(np.int32), mask)
 
 
+@pytest.mark.xdist_group("shape_buckets")
+def test_explain_shows_each_bucket_and_what_it_serves(encoder, capsys):
+    tmp, model = encoder
+    plan, storage = str(tmp / "plan.json"), f"sqlite:///{tmp / 'shapes.db'}"
+    assert main(["explain", str(model), "--plan", plan, "--storage", storage]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "== bucket0: batch 1, sequence 1-8" in out and "== bucket1: batch 1, sequence 9-32" in out
+    )
+    assert "verdict per shape bucket" in out and "padded up to a bucket's point on: sequence" in out
+
+
 def test_padding_only_where_declared_safe_on_a_batch(tmp_path):
     import partune.deployed
 

@@ -8,17 +8,33 @@ import json
 import os
 import sys
 
-from partune.commands.common import job_attrs, load_model, sqlite_file, study_summaries
+from partune.commands.common import (
+    job_attrs,
+    load_model,
+    shape_flags,
+    sqlite_file,
+    study_summaries,
+)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    """A study's emitted plan, or a plan file, region by region against every backend on offer."""
+    """A study's emitted plan, or a plan file, region by region against every backend on offer
+    (a plan file with shape buckets: each bucket's plan at its point, then the buckets)."""
+    from partune.core import ShapePlans, load_plans
+
+    if args.plan and isinstance(plans := load_plans(args.plan), ShapePlans):
+        return _explain_buckets(args, plans)
+    plan, source = _read_plan(args)
+    return _explain_one(args, plan, source)
+
+
+def _explain_one(args: argparse.Namespace, plan, source: str) -> int:
+    """One plan, region by region, against what the storage measured."""
     from partune.backends import registry
     from partune.core import PlanError
     from partune.explain import explain, render_text, to_json
     from partune.explain_evidence import gather_evidence
 
-    plan, source = _read_plan(args)
     model = _load_for(args, plan)
     if plan.fingerprint != model.graph.fingerprint:
         raise PlanError(
@@ -29,6 +45,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
     device, measured = _measurements(args, plan)
     facts = explain(plan, model.graph, gather_evidence(plan, model, measured, device), source)
     print(json.dumps(to_json(facts), indent=1) if args.json else render_text(facts))
+    return 0
+
+
+def _explain_buckets(args: argparse.Namespace, plans) -> int:
+    """Each bucket's plan explained at its own shapes, then what each bucket serves."""
+    from partune.commands.tune_shapes import bucket_table
+    from partune.frontend import read_file_shapes
+
+    if not args.model:
+        from partune.core import PartuneError
+
+        raise PartuneError("explain --plan with shape buckets needs the MODEL file it was tuned on")
+    names = [name for name, _ in read_file_shapes(args.model).inputs]
+    for i, bucket in enumerate(plans.buckets):
+        print(f"== bucket{i}: {plans.spans()[i]} (tuned at {bucket.inputs}) ==")
+        args.input_shape = shape_flags(dict(zip(names, bucket.inputs, strict=True)))
+        _explain_one(args, bucket.plan, f"plan file {args.plan}, bucket{i}")
+    print(bucket_table(plans))
     return 0
 
 
