@@ -12,18 +12,27 @@ the search, the store or the cost models (the import-linter contract holds it).
 
     model = partune.deployed.load("deploy/")
     outputs = model(x)          # numpy in, list of numpy out
+
+A deployment of a plan with shape buckets (``partune tune --shapes``; written by
+``partune.export_shapes``) loads as a ``ShapeDispatch``: every bucket (a deploy directory of its
+own) and the user's own file. A call goes where ``ShapePlans.route`` sends it: the bucket tuned
+at its shapes; the smallest bucket above them, its inputs padded with zeros up to the bucket's
+point (on axes where that is safe: a mask's zeros hide the padding) and its outputs cut back;
+else the user's file under the fallback library, which runs any shape. ``stats`` counts where
+calls went, so a service learns which shapes it sends that no bucket serves.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from partune.backends import first_damaged
-from partune.core import SEScope, deploy_environment
+from partune.core import Route, SEScope, ShapePlans, deploy_environment
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -157,8 +166,7 @@ def verify(path: Path) -> dict:
 
 def load(path: str | Path, threads: int | None = None):
     """Verify a deploy directory, register its library regions, load the compiled model (a
-    ``Deployed``; a ``partune.deployed_buckets.ShapeDispatch`` where the plan has shape
-    buckets, each loaded so)."""
+    ``Deployed``; a ``ShapeDispatch`` where the plan has shape buckets, each loaded so)."""
     import tvm
     from tvm import relax
 
@@ -168,9 +176,7 @@ def load(path: str | Path, threads: int | None = None):
     manifest = verify(path)
     registry.set_threads(threads or manifest["threads"])
     if "buckets" in manifest:
-        from partune.deployed_buckets import load_buckets
-
-        return load_buckets(path, manifest, threads, load)
+        return _load_buckets(path, manifest, threads)
     if file := manifest.get("model_file"):
         from partune.backends import ModelFileError, open_model_file
 
@@ -196,3 +202,112 @@ def load(path: str | Path, threads: int | None = None):
     lib = tvm.runtime.load_module(str(path / manifest["library"]))
     device = tvm.device(manifest["device_type"], 0)
     return Deployed(relax.VirtualMachine(lib, device), device, manifest, path)
+
+
+# A deployment with shape buckets (``partune.export_shapes``): each call runs the plan tuned for
+# its shapes (``ShapePlans.route``).
+
+
+def _pad(a: np.ndarray, dims: dict[int, int]) -> np.ndarray:
+    """``a`` with zeros after its end on each of ``dims`` (axis -> the size to reach)."""
+    widths = [(0, dims.get(d, n) - n) for d, n in enumerate(a.shape)]
+    return np.pad(a, widths) if any(w for _, w in widths) else a
+
+
+def _cut(a: np.ndarray, dims: dict[int, int]) -> np.ndarray:
+    """``a`` cut back to ``dims`` (axis -> the call's size) where it was padded."""
+    index = tuple(slice(0, dims[d]) if d in dims else slice(None) for d in range(a.ndim))
+    return np.ascontiguousarray(a[index])
+
+
+@dataclass
+class ShapeDispatch:
+    """Call it with numpy arrays of any shape the model file allows; get a list of arrays."""
+
+    plans: ShapePlans
+    buckets: list[Deployed]
+    fallback: object  # a ``partune.backends.model_file.ModelFileRun`` on the user's file
+    manifest: dict
+    path: Path
+    stats: Counter = field(default_factory=Counter)
+
+    def __call__(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        inputs = self._checked(inputs)
+        route = self.plans.route([a.shape for a in inputs])
+        if route.bucket is None:
+            self.stats["fallback"] += 1
+            return self.fallback(list(inputs))
+        self.stats[f"bucket{route.bucket}"] += 1
+        if not route.padded:
+            return self.buckets[route.bucket](*inputs)
+        self.stats["padded"] += 1
+        return self._padded(route, inputs)
+
+    def prepare(self, *inputs: np.ndarray):
+        """A no-argument call on these inputs (what ``partune run`` times): the bucket's own
+        where the shapes are its point, else the whole dispatch."""
+        inputs = self._checked(inputs)
+        route = self.plans.route([a.shape for a in inputs])
+        if route.bucket is not None and not route.padded:
+            return self.buckets[route.bucket].prepare(*inputs)
+        return lambda: self(*inputs)
+
+    def _padded(self, route: Route, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """A call padded up to its bucket's point on each padded axis, its outputs cut back."""
+        grow: dict[int, dict[int, int]] = {}
+        for axis, (_, point) in route.padded.items():
+            for use in self.plans.axes[axis]:
+                grow.setdefault(use.index, {})[use.dim] = point
+        outputs = self.buckets[route.bucket](
+            *[_pad(a, grow.get(i, {})) for i, a in enumerate(inputs)]
+        )
+        cut: dict[int, dict[int, int]] = {}
+        for axis, (value, _) in route.padded.items():
+            for use in self.plans.outputs.get(axis, ()):
+                cut.setdefault(use.index, {})[use.dim] = value
+        return [_cut(y, cut.get(i, {})) for i, y in enumerate(outputs)]
+
+    def _checked(self, inputs) -> list[np.ndarray]:
+        """``inputs`` as arrays, once their number and dtypes match the model's (shapes are
+        the router's)."""
+        want = self.manifest["inputs"]
+        if len(inputs) != len(want):
+            raise DeployError(
+                f"{self.manifest['model']} takes {len(want)} inputs, got {len(inputs)}"
+            )
+        out = []
+        for a, spec in zip(inputs, want, strict=True):
+            a = np.ascontiguousarray(a)
+            if str(a.dtype) != spec["dtype"]:
+                raise DeployError(f"input '{spec['name']}' must be {spec['dtype']}, got {a.dtype}")
+            out.append(a)
+        return out
+
+    def describe(self) -> str:
+        """One line per bucket: its point and the shapes it serves; then the fallback."""
+        lines = []
+        for i, served in enumerate(self.plans.ranges()):
+            span = ", ".join(
+                f"{a} {lo}-{hi}" if lo < hi else f"{a} {hi}" for a, (lo, hi) in served.items()
+            )
+            lines.append(f"bucket{i}: {span}")
+        lines.append(f"any other shape: the model file under {self.plans.fallback}")
+        return "\n".join(lines)
+
+
+def _load_buckets(path: Path, manifest: dict, threads: int | None) -> ShapeDispatch:
+    """The deployment at ``path`` (its manifest verified): every bucket loaded (``load``), and
+    the user's file under the fallback library."""
+    from partune.backends import ModelFileError, open_model_file, registry
+
+    buckets = [load(path / name, threads) for name in manifest["buckets"]]
+    file = manifest["fallback"]
+    try:
+        fallback = open_model_file(
+            file["library"], (path / file["file"]).read_bytes(), None, registry.threads()
+        )
+    except ModelFileError as e:
+        raise DeployError(f"{path}: {e}") from e
+    return ShapeDispatch(
+        ShapePlans.from_json(manifest["shapes"]), buckets, fallback, manifest, path
+    )
