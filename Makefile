@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-bf16 bench-precision bench-single clean
+.PHONY: demo test lint bench bench-bf16 bench-precision bench-shapes bench-single clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -53,6 +53,12 @@ bench-bf16: $(STAMP)
 bench-precision: $(STAMP)
 	$(BIN)/python experiments/bench_precision.py
 	$(BIN)/python experiments/bench_precision.py --threads all
+
+# One job over the shapes users serve (--shapes): the verdict per tuned point, the buckets' search
+# time against the largest point alone, and the deployed artifact served between and beyond them.
+bench-shapes: $(STAMP)
+	$(BIN)/python experiments/bench_shapes.py
+	$(BIN)/python experiments/bench_shapes.py --threads all
 
 bench-single: $(STAMP)
 	$(BIN)/python experiments/bench_single_backends.py
