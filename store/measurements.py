@@ -30,7 +30,9 @@ from partune.store.outage import OUTAGE_S, patient, patiently
 from partune.store.sql_claims import SqlClaims
 
 STUDY_PREFIX = "partune-measurements/"
-OPEN_ATTEMPTS = 3  # a new database: workers starting together race to create its tables
+# A new database: workers starting together race to create its tables and index (on a loaded
+# machine three tries at a second apart were not always enough in CI).
+OPEN_ATTEMPTS = 8
 MEMORY = "memory"  # a storage URL: measurements kept in this process only (tests, one-off runs)
 POLL_S = 2.0  # how often a worker waiting on another worker's measurement looks again
 # A wait on another worker's claim looks again after this, then twice as long each time, up
@@ -443,14 +445,25 @@ def _open(
                 storage.engine, claim_ttl_s, namespace=device, outage_s=outage_wait(url)
             )
         except Exception as e:  # noqa: BLE001 - sqlalchemy raises many kinds
-            # Workers starting together on a new database race to create its tables.
-            racing = isinstance(e, sqlalchemy.exc.IntegrityError | sqlalchemy.exc.OperationalError)
-            if not racing or attempt + 1 == OPEN_ATTEMPTS:
+            if not _racing(e) or attempt + 1 == OPEN_ATTEMPTS:
                 raise PartuneError(
                     f"cannot open storage {shown(url)}: {str(e).splitlines()[0][:160]}"
                 ) from e
-            time.sleep(1.0)
+            time.sleep(0.5 + attempt * 0.5)
     raise AssertionError("unreachable")
+
+
+def _racing(e: Exception) -> bool:
+    """Whether opening a storage failed because another worker was creating its tables at the
+    same moment (PostgreSQL: a unique violation, "relation already exists"; SQLite: "database
+    is locked"), or the server is busy (too many connections, starting up): worth another try,
+    where a wrong path or password is not."""
+    if isinstance(e, sqlalchemy.exc.IntegrityError):
+        return True
+    why = str(e).lower()
+    return isinstance(e, sqlalchemy.exc.DBAPIError) and any(
+        w in why for w in ("already exists", "duplicate", "locked", "too many", "starting up")
+    )
 
 
 def _ensure_key_index(engine: sqlalchemy.engine.Engine) -> None:
