@@ -107,3 +107,15 @@ def test_the_plan_file_with_buckets_round_trips(tmp_path):
         Plan.load(tmp_path / "plan.json")
     _plan().save(tmp_path / "one.json")
     assert isinstance(load_plans(tmp_path / "one.json"), Plan)
+
+
+def test_a_file_with_a_symbolic_sequence_is_imported_at_128_and_says_so(tmp_path):
+    from partune.frontend import load
+    from tests.shape_models import write_masked_encoder
+
+    model = load(str(write_masked_encoder(tmp_path / "enc.onnx")))
+    assert [a.shape for a in model.inputs] == [(1, 128), (1, 128)]
+    assert model.assumed == [
+        "input_ids: batch taken as 1, sequence taken as 128",
+        "attention_mask: batch taken as 1, sequence taken as 128",
+    ]

@@ -16,6 +16,12 @@ def summarise(result, model) -> str:
         f"plan for {model.name}: {plan.notes.get('chosen_as')}, "
         f"{plan.notes['measured_s'] * 1e3:.3f} ms measured end to end"
     ]
+    if model.assumed:  # the file left dimensions open: say which shape the plan is for
+        lines.append(
+            "tuned at shapes assumed for the file's open dimensions: "
+            + "; ".join(model.assumed)
+            + " (--input-shape sets one shape, --shapes several)"
+        )
     if result.dp_label is not None and result.dp_estimate_s is not None:
         measured = result.end_to_end.get(result.dp_label)
         est = result.dp_estimate_s * 1e3
