@@ -124,3 +124,19 @@ def test_bad_shapes_fail_in_one_line_before_measuring(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert why in err[-1] and len(err) == 1
     assert not (tmp_path / "shapes.db").exists()  # refused before any store or measuring
+
+
+def test_a_helper_worker_of_a_bucket_runs_that_bucket_alone():
+    from argparse import Namespace
+
+    from partune.commands.tune import _helper_argv
+
+    argv = ["--threads", "1", "tune", "enc.onnx", "--shapes", "sequence=8,32", "--workers=2"]
+    argv += ["--pad-safe", "sequence", "-o", "p.json"]
+    one = Namespace(argv=argv, shape_label="batch=1,sequence=8", input_shape=["ids=1,8"])
+    assert _helper_argv(one, "enc:tvm:batch=1,sequence=8") == [
+        "--threads", "1", "--input-shape=ids=1,8", "tune", "enc.onnx", "-o", "p.json",
+        "--study", "enc:tvm:batch=1,sequence=8",
+    ]  # fmt: skip
+    whole = Namespace(argv=argv[:6] + ["--workers", "2"], shape_label=None, input_shape=None)
+    assert _helper_argv(whole, "s") == argv[:6]

@@ -30,7 +30,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     plan."""
     import time
 
-    if args.shapes is not None and getattr(args, "shape_label", None) is None:
+    args.shape_label = getattr(args, "shape_label", None)
+    if args.shapes is not None and args.shape_label is None:
         from partune.commands.tune_shapes import cmd_tune_shapes
 
         return cmd_tune_shapes(args, cmd_tune)  # each point of --shapes comes back here
@@ -38,7 +39,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from partune.search import Progress, tune
 
     job = _prepare(args)
-    helpers = _start_workers(args) if args.workers > 1 else []
+    helpers = _start_workers(args, job.study.study_name) if args.workers > 1 else []
     bars = _Bars(started) if not args.worker else None
     pool, measure_cpus = _build_pool(args, job.measure_timeout)
     runner = make_runner(args.runner, job.measure_timeout, args.threads, measure_cpus)
@@ -158,8 +159,8 @@ def _prepare(args: argparse.Namespace) -> _Job:
         retry_failed=args.retry_failed,
     )
     study_name = args.study or _study_name(args, model.name, named)
-    if label := getattr(args, "shape_label", None):  # one bucket of --shapes: a study each
-        study_name += f":{label}"
+    if args.shape_label:  # one bucket of --shapes: a study each
+        study_name += f":{args.shape_label}"
     peers = tuple(p for p in args.peers.split(",") if p and p != "none")
     if unknown := [p for p in peers if p not in PEER_LABELS]:
         raise PartuneError(
@@ -347,7 +348,7 @@ def _finish(args: argparse.Namespace, job: _Job, result, notes: list[str]) -> in
         print(line)
     if args.cost_model:
         print(_update_cost_model(args.cost_model, job.cost_model, result, job.model))
-    if getattr(args, "shape_label", None) is None:  # a bucket's plan goes into the job's file
+    if args.shape_label is None:  # a bucket's plan goes into the job's file
         print(f"plan written to {args.output}; study '{study.study_name}' in {args.storage}")
         print(
             f"deploy it: partune export --study '{study.study_name}' --storage {args.storage} "
@@ -400,19 +401,31 @@ def _job_started(study, args: argparse.Namespace) -> None:
     study.set_user_attr("stopped", None)
 
 
-def _start_workers(args: argparse.Namespace) -> list:
-    """``--workers N``: N-1 more processes running this same command as helpers."""
-    import subprocess
-    import tempfile
-
+def _helper_argv(args: argparse.Namespace, study: str) -> list[str]:
+    """The command line a helper worker runs: this one without ``--workers``; for one bucket
+    of ``--shapes``, that bucket alone (its shapes, its study)."""
+    drop = {"--workers"} | ({"--shapes", "--pad-safe"} if args.shape_label else set())
     argv, skip = [], False
     for a in args.argv:
         if skip:
             skip = False
-        elif a == "--workers":
+        elif a in drop:
             skip = True
-        elif not a.startswith("--workers="):
+        elif a.split("=")[0] not in drop:
             argv.append(a)
+    if args.shape_label:  # global flags go before the subcommand
+        at = argv.index("tune")
+        argv[at:at] = [f"--input-shape={s}" for s in args.input_shape]
+        argv += ["--study", study]
+    return argv
+
+
+def _start_workers(args: argparse.Namespace, study: str) -> list:
+    """``--workers N``: N-1 more processes running this same command as helpers."""
+    import subprocess
+    import tempfile
+
+    argv = _helper_argv(args, study)
     helpers = []
     for _ in range(args.workers - 1):
         log = tempfile.TemporaryFile()
