@@ -60,6 +60,7 @@ __all__ = [
     "op_counts",
     "op_summary",
     "plan_key",
+    "point_label",
     "quantizes",
     "random_array",
     "region_key",
@@ -145,7 +146,7 @@ __getattr__, __dir__ = lazy_exports(
             "SEScope",
             "cpu_target",
         ),
-        "shapes": ("AxisUse", "Route", "ShapeBucket", "ShapePlans", "load_plans"),
+        "shapes": ("AxisUse", "Route", "ShapeBucket", "ShapePlans", "load_plans", "point_label"),
         "subgraph": ("SubGraph",),
         "tensors": (
             "draw_like",

@@ -41,6 +41,11 @@ class AxisUse:
         return [self.index, self.dim]
 
 
+def point_label(values: dict[str, int]) -> str:
+    """A point as summaries and study names call it: ``batch=1,sequence=128``."""
+    return ",".join(f"{a}={v}" for a, v in values.items())
+
+
 @dataclass(frozen=True)
 class ShapeBucket:
     """A plan tuned at one point: ``point`` gives each axis's value, ``inputs`` each input's

@@ -112,7 +112,7 @@ def _input_ranges(name: str) -> dict[str, tuple[int, int]]:
 
 def _points(plan: Path) -> list[dict]:
     """Each bucket's verdict, read from the plan file: the plan's median and each peer's."""
-    from partune.core import load_plans
+    from partune.core import load_plans, point_label
 
     plans = load_plans(plan)
     rows = []
@@ -121,7 +121,7 @@ def _points(plan: Path) -> list[dict]:
         times = notes.get("verdict_median_s", {})
         rows.append(
             {
-                "point": ",".join(f"{a}={v}" for a, v in bucket.point.items()),
+                "point": point_label(bucket.point),
                 "serves": span,
                 "plan": notes.get("chosen_as"),
                 "plan_ms": times.get(notes.get("chosen_as"), 0.0) * 1e3,

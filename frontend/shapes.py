@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from partune.core import AxisUse, ModelError
+from partune.core import AxisUse, ModelError, point_label
 
 SEQUENCE_DEFAULT = 128
 _SEQUENCE = re.compile(r"seq|token|len", re.IGNORECASE)
@@ -96,8 +96,8 @@ class ShapePoint:
 
     @property
     def label(self) -> str:
-        """``sequence=128,batch=1``: how summaries and study names call it."""
-        return ",".join(f"{a}={v}" for a, v in self.values.items())
+        """``batch=1,sequence=128``: how summaries and study names call it."""
+        return point_label(self.values)
 
 
 def _sizes(text: str, entry: str) -> tuple[int, ...]:

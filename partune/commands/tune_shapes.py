@@ -94,6 +94,8 @@ def _ms(s: float | None) -> str:
 def bucket_table(plans, seconds: list[float] | None = None) -> str:
     """The verdict per tuned point: the plan's median, each peer's at the same shape, and the
     plan against the fastest peer; the range of shapes each bucket serves, and its search time."""
+    from partune.core import point_label
+
     peers = list(dict.fromkeys(p for b in plans.buckets for p in b.plan.notes.get("peers", [])))
     head = ["point", "serves", "plan ms", *[f"{p} ms" for p in peers], "x best peer"]
     head += ["search s"] if seconds else []
@@ -108,7 +110,7 @@ def bucket_table(plans, seconds: list[float] | None = None) -> str:
         times = notes.get("verdict_median_s", {})
         ratio = notes.get("speedup_vs_best_peer")
         cells = [
-            ",".join(f"{a}={v}" for a, v in b.point.items()),
+            point_label(b.point),
             span,
             _ms(times.get(notes.get("chosen_as"))),
             *[_ms(times.get(p)) for p in peers],
