@@ -2,12 +2,14 @@
 
 For each model, an ONNX export with symbolic axes (as a user's file declares them) is tuned
 exactly as a user runs it, ``partune tune FILE --shapes ...`` (one plan per point, one store),
-and, in a fresh store, at its largest point alone: the buckets' searches share what they can,
-so all of them should take at most about twice the largest alone. Each point's verdict (the
-plan against onnxruntime and OpenVINO on the file at that shape, interleaved) is read from the
-job's summary. The plan file is exported, and the deployed artifact is run, in a process of
-its own, at shapes between and beyond the points; each output is compared with onnxruntime on
-the file at the same shape. Writes experiments/results/shapes.md (and .json).
+and, in a fresh store (and cost model) of its own, at its largest point alone: the buckets'
+searches share what they can, so all of them should take at most about twice the largest alone.
+Each point's verdict (the plan against onnxruntime and OpenVINO on the file at that shape,
+interleaved) is read from the job's summary. The plan file is exported, and the deployed
+artifact is run, in a process of its own, at shapes between and beyond the points; each output
+is compared with onnxruntime on the file at the same shape. Writes
+experiments/results/shapes.md (and .json). Rows are merged with the earlier runs' (each says
+when and at which commit).
 
     python experiments/bench_shapes.py [MODEL ...] [--threads 1|all] [--timeout 8m]
 """
@@ -26,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.bench_vs_peers import RESULTS, _commit, _export  # noqa: E402
+from experiments.bench_vs_peers import RESULTS, _commit, _export, merged  # noqa: E402
 
 # model -> (--shapes, --pad-safe, the axis the check varies, the sizes the artifact is run at)
 MODELS = {
@@ -151,7 +153,11 @@ def bench_one(name: str, args, folder: Path, logs: Path) -> dict:
         for n, dims in read_file_shapes(spec).inputs
     )
     code, alone_s = _run(
-        _cli(args, *_tune(spec, args, folder / "alone.db", folder / "alone.json"), shapes=alone),
+        _cli(
+            args,
+            *_tune(spec, args, folder / f"{name}.alone.db", folder / f"{name}.alone.json"),
+            shapes=alone,
+        ),
         logs / f"{name}.alone.txt",
     )
     deploy = folder / f"{name}.deploy"
@@ -246,13 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS / f"shapes{suffix}.md"
     logs = RESULTS / "shapes"
     logs.mkdir(parents=True, exist_ok=True)
-    rows = []
+    raw = out.with_suffix(".json")
+    earlier = json.loads(raw.read_text()) if raw.exists() else []
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models or list(MODELS):
             rows.append(bench_one(name, args, Path(tmp), logs))
-            text = table(rows, args.threads)
+            every = merged(earlier, rows)
+            text = table(every, args.threads)
             print(f"\n{text}", flush=True)
-            out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+            raw.write_text(json.dumps(every, indent=1))
             out.write_text(
                 "# One job over the shapes users serve: a plan per bucket, deployed with "
                 f"dispatch\n\nbackends {args.backends}; each bucket's search budget "

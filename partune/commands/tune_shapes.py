@@ -1,8 +1,9 @@
 """``partune tune MODEL --shapes ...``: one search per tuned shape, one plan file of buckets.
 
-Each point of ``--shapes`` (``partune.frontend.shapes``) is tuned as a job of its own: the
-model imported at that point's static shapes, its own study (the job's name and the point),
-the same store, so a region whose key is equal at two points is measured once. The plans go
+Each point of ``--shapes`` (``partune.frontend.shapes``) is tuned as a job of its own, the
+largest first: the model imported at that point's static shapes, its own study (the job's name
+and the point), the same store, so a region whose key is equal at two points is measured once,
+and the cost model learned at the larger points ranks out candidates at the smaller. The plans go
 into one file (``partune.core.shapes.ShapePlans``) with the axes, the axes padding is safe
 on, and the library that runs the user's file fastest, for the shapes no bucket serves. The
 summary ends with the verdict per point: the plan against each peer at that shape.
@@ -38,10 +39,14 @@ def cmd_tune_shapes(args: argparse.Namespace, tune_one) -> int:
         raise PartuneError(f"{args.model} has no symbolic axis: its one shape needs no --shapes")
     points = tuning_points(shapes, args.shapes)
     pad = pad_safe(shapes, tuple(a for a in (args.pad_safe or "").split(",") if a))
-    buckets, seconds = [], []
+    buckets, seconds = [None] * len(points), [0.0] * len(points)
+    # The largest point first: what the search learns there (its cost model) ranks out, at the
+    # smaller points, candidates that are cheaper to measure anyway.
+    order = sorted(range(len(points)), key=lambda i: -math.prod(points[i].values.values()))
     with tempfile.TemporaryDirectory(prefix="partune-buckets-") as folder:
-        for i, point in enumerate(points):
-            print(f"\n== shape bucket {i + 1}/{len(points)}: {point.label} ==", flush=True)
+        for n, i in enumerate(order):
+            point = points[i]
+            print(f"\n== shape bucket {n + 1}/{len(points)}: {point.label} ==", flush=True)
             one = copy.copy(args)
             one.input_shape = shape_flags(point.shapes)
             one.shape_label = point.label
@@ -49,9 +54,9 @@ def cmd_tune_shapes(args: argparse.Namespace, tune_one) -> int:
             started = time.monotonic()
             if (code := tune_one(one)) != 0:
                 return code
-            seconds.append(time.monotonic() - started)
+            seconds[i] = time.monotonic() - started
             plan = Plan.load(one.output)
-            buckets.append(ShapeBucket(point.values, tuple(point.shapes.values()), plan))
+            buckets[i] = ShapeBucket(point.values, tuple(point.shapes.values()), plan)
     if args.worker:
         return 0
     plans = ShapePlans(
