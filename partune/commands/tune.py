@@ -149,8 +149,10 @@ def _prepare(args: argparse.Namespace) -> _Job:
         raise PartuneError("--workers and --heartbeat must be at least 1")
     measure_timeout = parse_duration(args.measure_timeout)
     # The device measured on decides which measurements hold: a remote one's own fingerprint.
-    with make_runner(args.runner, measure_timeout, args.threads) as probe:
-        device = probe.device()
+    device = getattr(args, "probed_device", None)  # a bucket of --shapes after the first
+    if device is None:
+        with make_runner(args.runner, measure_timeout, args.threads) as probe:
+            device = args.probed_device = probe.device()
     store = MeasurementStore(
         args.storage,
         device,
