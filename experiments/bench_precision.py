@@ -77,6 +77,7 @@ def tune_int8(spec: str, flags: list[str], args, out: Path) -> dict:
         *("--timeout", args.timeout),
         *("--refine-trials", "8"),  # the default search's fixed work: the timeout only bounds it
         *("--precision", "int8", "--tolerance", str(args.tolerance), "-o", str(out)),
+        *(("--retry-failed",) if args.retry_failed else ()),
     ]
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -262,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         "with --held-out precision_held_out[_all_cores].md)",
     )
     p.add_argument("--held-out", action="store_true", help="run exactly architectures.HELD_OUT")
+    p.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="take stored failures again (a peer that failed before a fix)",
+    )
     p.add_argument("--exporter", choices=("legacy", "dynamo"), default="legacy")
     args = p.parse_args(argv)
     from experiments.architectures import HELD_OUT
