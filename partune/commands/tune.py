@@ -31,7 +31,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import time
 
     args.shape_label = getattr(args, "shape_label", None)
-    if args.shapes is not None and args.shape_label is None:
+    if getattr(args, "shapes", None) is not None and args.shape_label is None:
         from partune.commands.tune_shapes import cmd_tune_shapes
 
         return cmd_tune_shapes(args, cmd_tune)  # each point of --shapes comes back here
@@ -161,7 +161,7 @@ def _prepare(args: argparse.Namespace) -> _Job:
         retry_failed=args.retry_failed,
     )
     study_name = args.study or _study_name(args, model.name, named)
-    if args.shape_label:  # one bucket of --shapes: a study each
+    if getattr(args, "shape_label", None):  # one bucket of --shapes: a study each
         study_name += f":{args.shape_label}"
     peers = tuple(p for p in args.peers.split(",") if p and p != "none")
     if unknown := [p for p in peers if p not in PEER_LABELS]:
