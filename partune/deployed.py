@@ -77,23 +77,7 @@ class Deployed:
         return lambda: main(*args)
 
     def _checked(self, inputs) -> list[np.ndarray]:
-        """``inputs`` as contiguous arrays, once they match the manifest's names, shapes and
-        dtypes."""
-        want = self.manifest["inputs"]
-        if len(inputs) != len(want):
-            raise DeployError(
-                f"{self.manifest['model']} takes {len(want)} inputs, got {len(inputs)}"
-            )
-        out = []
-        for a, spec in zip(inputs, want, strict=True):
-            a = np.ascontiguousarray(a)
-            if list(a.shape) != spec["shape"] or str(a.dtype) != spec["dtype"]:
-                raise DeployError(
-                    f"input '{spec['name']}' must be {spec['dtype']}{spec['shape']}, "
-                    f"got {a.dtype}{list(a.shape)}"
-                )
-            out.append(a)
-        return out
+        return _checked_inputs(self.manifest, inputs)
 
     def to_device(self, *inputs: np.ndarray) -> list:
         """Checked device tensors for ``vm["main"]``: convert once, call many times. On the CPU
@@ -105,6 +89,26 @@ class Deployed:
         if self.device.dlpack_device_type() != tvm.cpu().dlpack_device_type():
             return [tvm.runtime.tensor(a, self.device) for a in self._checked(inputs)]
         return [tvm.runtime.from_dlpack(_aligned(a)) for a in self._checked(inputs)]
+
+
+def _checked_inputs(manifest: dict, inputs) -> list[np.ndarray]:
+    """``inputs`` as contiguous arrays, once they match the manifest's inputs: their number,
+    each one's dtype, and its shape where the manifest lists one (a deployment with shape
+    buckets lists none)."""
+    want = manifest["inputs"]
+    if len(inputs) != len(want):
+        raise DeployError(f"{manifest['model']} takes {len(want)} inputs, got {len(inputs)}")
+    out = []
+    for a, spec in zip(inputs, want, strict=True):
+        a = np.ascontiguousarray(a)
+        shape = spec.get("shape")
+        if (shape is not None and list(a.shape) != shape) or str(a.dtype) != spec["dtype"]:
+            got = f"{a.dtype}{list(a.shape)}" if shape is not None else str(a.dtype)
+            raise DeployError(
+                f"input '{spec['name']}' must be {spec['dtype']}{shape or ''}, got {got}"
+            )
+        out.append(a)
+    return out
 
 
 def _npz(path: Path) -> list[np.ndarray]:
@@ -268,20 +272,7 @@ class ShapeDispatch:
         return [_cut(y, cut.get(i, {})) for i, y in enumerate(outputs)]
 
     def _checked(self, inputs) -> list[np.ndarray]:
-        """``inputs`` as arrays, once their number and dtypes match the model's (shapes are
-        the router's)."""
-        want = self.manifest["inputs"]
-        if len(inputs) != len(want):
-            raise DeployError(
-                f"{self.manifest['model']} takes {len(want)} inputs, got {len(inputs)}"
-            )
-        out = []
-        for a, spec in zip(inputs, want, strict=True):
-            a = np.ascontiguousarray(a)
-            if str(a.dtype) != spec["dtype"]:
-                raise DeployError(f"input '{spec['name']}' must be {spec['dtype']}, got {a.dtype}")
-            out.append(a)
-        return out
+        return _checked_inputs(self.manifest, inputs)  # no shapes listed: they are the router's
 
     def describe(self) -> str:
         """One line per bucket: its point and the shapes it serves; then the fallback."""
