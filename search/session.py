@@ -64,7 +64,7 @@ from partune.search.finalists import pick_finalists, refinement
 from partune.search.int8_calibration import calibrate_int8, calibration_samples
 from partune.search.options import TuneOptions
 from partune.search.precision import budgeted, overran, repair
-from partune.search.pruning import features, prune
+from partune.search.pruning import Optimism, features, prune
 from partune.search.result import Counts, Progress, TuneResult
 from partune.store import FIRST_POLL_S, POLL_S, MeasurementStore
 
@@ -79,10 +79,6 @@ NOT_MEASURED = (
     "not measured"  # how such a plan's measurement begins (the summary shows it as skipped)
 )
 MAX_PREDICTED_ROUNDS = 40  # DP reruns while its plan still holds predicted regions
-# With a cost model, an unmeasured candidate enters the DP at this share of its predicted
-# cost: a prediction a little too high then still gets the candidate tried (measured) when
-# it is near the best, instead of leaving it out for good.
-OPTIMISM = 0.8
 
 
 class SearchSession:
@@ -123,6 +119,7 @@ class SearchSession:
         self.autotuned = {b for b in backends if registry.get(b).autotuned}
         self.result = TuneResult(counts=Counts(candidates=len(self.cands)))
         self.predicted: dict[Candidate, float] = {}
+        self.optimism = Optimism()  # the share of its prediction an unmeasured candidate costs
         self.x: np.ndarray | None = None  # cost-model features, one row per candidate
         self.values: dict | None = None  # the model's intermediate values, once captured
         self.adjust: dict[SEScope, float] = {}
@@ -341,7 +338,7 @@ class SearchSession:
             m is None and c in self.predicted
         ):  # not measured (pruned): the cost model's guess, for now,
             # taken optimistically so that the DP tries (and so measures) near misses
-            return max(self.predicted[c] * OPTIMISM + adjust, 0.0)
+            return max(self.predicted[c] * self.optimism.share + adjust, 0.0)
         if m is None or not m.ok:
             return float("inf")
         return max(m.cost_s + adjust, 0.0)
@@ -386,6 +383,11 @@ class SearchSession:
             if not guessed:
                 break
             self.measure_candidates(guessed)
+            self.optimism.observe(
+                (self.predicted[c], m.cost_s)
+                for k, c in guessed.items()
+                if (m := self.store.get(k)) is not None and m.ok
+            )
             self.learn()
         regions = tuple(Region(c.subgraph.nodes, c.scope, self.cost(c)) for c in cover.candidates)
         return cover, self.with_ranges(

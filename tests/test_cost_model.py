@@ -162,6 +162,24 @@ def test_pruning_keeps_a_measured_candidate_in_every_frontier():
     }
 
 
+def test_optimism_follows_the_asks_between_its_floor_and_one():
+    """Accurate predictions let the DP price candidates near their prediction (fewer asks); a
+    model far off keeps the floor, never asking less cautiously than it did before."""
+    from partune.search.pruning import OPTIMISM, OPTIMISM_SAMPLES, Optimism
+
+    close = Optimism()
+    close.observe([(2.0, 1.8)] * (OPTIMISM_SAMPLES - 1))
+    assert close.share == OPTIMISM  # too few asks to judge by
+    close.observe([(1.0, 1.0)])
+    assert close.share == pytest.approx(0.9)  # a fifth of the asks came out 10% under
+    cheap = Optimism()  # predictions far too high: candidates measured much cheaper
+    cheap.observe([(1.0, 0.3)] * OPTIMISM_SAMPLES)
+    assert cheap.share == OPTIMISM
+    low = Optimism()  # predictions too low everywhere: the share stops at the prediction itself
+    low.observe([(1.0, 3.0), (0.0, 1.0)] * OPTIMISM_SAMPLES)
+    assert low.share == 1.0 and len(low.ratios) == OPTIMISM_SAMPLES
+
+
 def test_a_plan_found_with_predictions_carries_only_measured_costs():
     from partune.core.keys import candidate_key
 
