@@ -29,6 +29,9 @@ from partune.core.errors import PlanError
 from partune.core.plan import SHAPES_FORMAT as FORMAT
 from partune.core.plan import Plan, read_plan_json
 
+# The library for the shapes no bucket serves where no verdict timed one on the user's file.
+DEFAULT_FALLBACK = "onnxruntime"
+
 
 @dataclass(frozen=True)
 class AxisUse:
@@ -90,13 +93,13 @@ class ShapePlans:
 
     ``axes``/``outputs``: where each axis sits in the inputs and outputs; ``pad``: the axes
     padding is safe on, each with why ("mask attention_mask", "declared"); ``fallback``: the
-    library that runs the user's file for the shapes no bucket serves (None: none recorded)."""
+    library that runs the user's file for the shapes no bucket serves."""
 
     axes: dict[str, tuple[AxisUse, ...]]
     buckets: tuple[ShapeBucket, ...]
     outputs: dict[str, tuple[AxisUse, ...]] = field(default_factory=dict)
     pad: dict[str, str] = field(default_factory=dict)
-    fallback: str | None = None
+    fallback: str = DEFAULT_FALLBACK
 
     def values(self, shapes: list[tuple[int, ...]]) -> dict[str, int] | None:
         """Each axis's value in a call's ``shapes``; None where two inputs disagree on one."""
@@ -183,7 +186,7 @@ class ShapePlans:
                 tuple(ShapeBucket.from_json(b) for b in data["buckets"]),
                 _uses(data.get("outputs", {})),
                 {str(k): str(v) for k, v in data.get("pad", {}).items()},
-                data.get("fallback"),
+                str(data.get("fallback") or DEFAULT_FALLBACK),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise PlanError(f"malformed plan with shape buckets: {e}") from e

@@ -40,7 +40,7 @@ def _write(plans: ShapePlans, load_at: Callable[[int], object], out: Path, threa
         folder.mkdir()
         write_plan(model, bucket.plan, folder, threads, prefix=f"deploy_b{i}")
     (out / MODEL_FILE).write_bytes(model.onnx_bytes)
-    fallback = plans.fallback or "onnxruntime"
+    fallback = plans.fallback
     manifest = {
         "format": FORMAT,
         "model": model.name,

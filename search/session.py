@@ -553,14 +553,34 @@ class SearchSession:
         timed = natives and self.fastest_timed() < float(
             "inf"
         )  # else nothing to be hopeless against
-        found = self.dp({native.backend}, precisions=(native.compute_precision,)) if timed else None
-        skipped = self.hopeless(found[0].cost_s) if found is not None else None
+        estimate = self.native_estimate(native) if timed else None
+        skipped = self.hopeless(estimate) if estimate is not None else None
         if skipped is None:
             return plans
         for label in natives:
             self.result.end_to_end[label] = skipped
             self.progress.advance(f"{label}: {NOT_MEASURED}")
         return {label: plan for label, plan in plans.items() if label not in natives}
+
+    def native_estimate(self, native: SEScope) -> float | None:
+        """What the cheapest cover in ``native`` alone adds up to (None: none covers). The
+        cost model's guesses stand in for unmeasured regions, and the DP measures them only where
+        those guesses are not already hopeless: at a later ``--shapes`` bucket the TVM-only cover
+        asked for 23 candidates, minutes of untuned kernels, only to be found 74x too slow."""
+        allowed, precisions = {native.backend}, (native.compute_precision,)
+        usable = [
+            c
+            for c in self.cands
+            if c.backend in allowed and c.scope.compute_precision in precisions
+        ]
+        try:
+            guessed = cheapest_cover(self.graph, usable, self.cost).cost_s
+        except NoCoverError:
+            return None
+        if self.hopeless(guessed) is not None:
+            return guessed
+        found = self.dp(allowed, precisions=precisions)
+        return found[0].cost_s if found is not None else None
 
     def fastest_timed(self) -> float:
         """The fastest end-to-end time of any plan so far (inf: none timed yet)."""

@@ -376,10 +376,9 @@ def test_a_hopeless_native_plan_is_not_timed(tmp_path, monkeypatch):
         ((HOPELESS + 1) * 1e-3, ["onnxruntime-only"]),
         ((HOPELESS - 1) * 1e-3, ["tvm-only", "onnxruntime-only", "tvm-only (bf16)"]),
     ]:
-        monkeypatch.setattr(
-            session, "dp", lambda allowed, *a, e=estimate_s, **k: (Cover((), e, 0), None)
-        )
-        assert sorted(session.worth_timing(plans)) == sorted(timed)
+        with monkeypatch.context() as patched:
+            patched.setattr(session, "native_estimate", lambda native, e=estimate_s: e)
+            assert sorted(session.worth_timing(plans)) == sorted(timed)
     skipped = session.result.end_to_end["tvm-only"]
     assert not skipped.ok and skipped.error.startswith(
         "not measured: its regions add up to 11.0 ms, 11x"
@@ -391,6 +390,20 @@ def test_a_hopeless_native_plan_is_not_timed(tmp_path, monkeypatch):
         session.hopeless((HOPELESS - 1) * 1e-3) is None
         and not session.hopeless((HOPELESS + 1) * 1e-3).ok
     )
+    # The native-only estimate measures the regions it guessed (through the DP) only when the
+    # guess is not hopeless already: a later --shapes bucket asked 23 untuned TVM kernels.
+    asked = []
+    monkeypatch.setattr(
+        session, "dp", lambda *a, **k: asked.append(a) or (Cover((), 2e-3, 0), None)
+    )
+    nodes = len(model.graph)  # a region's guess by its nodes: every cover adds up to the same
+    native = session.config.default
+    for guess_s, measured in [((HOPELESS + 1) * 1e-3, False), ((HOPELESS - 1) * 1e-3, True)]:
+        monkeypatch.setattr(session, "cost", lambda c, g=guess_s: g * len(c.subgraph.nodes) / nodes)
+        estimate = session.native_estimate(native)
+        assert bool(asked) == measured and estimate == (
+            2e-3 if measured else pytest.approx(guess_s)
+        )
 
 
 def test_the_verdict_keeps_the_finalists_that_fit_in_free_memory():

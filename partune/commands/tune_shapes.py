@@ -21,7 +21,6 @@ from pathlib import Path
 
 from partune.commands.common import shape_flags
 
-DEFAULT_FALLBACK = "onnxruntime"  # where no verdict timed a library on the user's file
 # Refinement trials at each point after the largest, where a budget would refine until it
 # converges: the largest point's refinement explored the plans' space; at distilbert's smaller
 # points refining to convergence took 19 s a point, a third of their search.
@@ -92,6 +91,8 @@ def _library_times(plan) -> dict[str, float]:
 def fallback_library(buckets) -> str:
     """The library that ran the user's file fastest over the tuned points (geomean of its
     medians where every point timed it), for the shapes no bucket serves."""
+    from partune.core.shapes import DEFAULT_FALLBACK
+
     times = [_library_times(b.plan) for b in buckets]
     common = set.intersection(*(set(t) for t in times)) if times else set()
     if not common:
