@@ -567,19 +567,15 @@ class SearchSession:
         cost model's guesses stand in for unmeasured regions, and the DP measures them only where
         those guesses are not already hopeless: at a later ``--shapes`` bucket the TVM-only cover
         asked for 23 candidates, minutes of untuned kernels, only to be found 74x too slow."""
-        allowed, precisions = {native.backend}, (native.compute_precision,)
-        usable = [
-            c
-            for c in self.cands
-            if c.backend in allowed and c.scope.compute_precision in precisions
-        ]
+        within = (native.backend, native.compute_precision)
+        usable = [c for c in self.cands if (c.backend, c.scope.compute_precision) == within]
         try:
             guessed = cheapest_cover(self.graph, usable, self.cost).cost_s
         except NoCoverError:
             return None
         if self.hopeless(guessed) is not None:
             return guessed
-        found = self.dp(allowed, precisions=precisions)
+        found = self.dp({native.backend}, precisions=(native.compute_precision,))
         return found[0].cost_s if found is not None else None
 
     def fastest_timed(self) -> float:

@@ -91,7 +91,7 @@ def _library_times(plan) -> dict[str, float]:
 def fallback_library(buckets) -> str:
     """The library that ran the user's file fastest over the tuned points (geomean of its
     medians where every point timed it), for the shapes no bucket serves."""
-    from partune.core.shapes import DEFAULT_FALLBACK
+    from partune.core import DEFAULT_FALLBACK
 
     times = [_library_times(b.plan) for b in buckets]
     common = set.intersection(*(set(t) for t in times)) if times else set()
