@@ -53,8 +53,17 @@ DEFAULT_MODELS = [
     "wav2vec2",
     "deberta",
 ]
-# One column each; labels say which graph ran.
-INT8_PEERS = ("onnxruntime int8", "openvino int8", "openvino int8 accuracy-control")
+# One column each; labels say which graph ran. The bf16 peers are there only where the CPU has
+# bf16 instructions ("-" elsewhere).
+REDUCED_PEERS = (
+    "onnxruntime int8",
+    "openvino int8",
+    "openvino int8 accuracy-control",
+    "openvino bf16",
+    "torch.compile bf16",
+)
+# Rows measured before each row kept its instruction set came from the AVX2 machines.
+EARLIER_ISA = "AVX2"
 STATS = re.compile(r"search ([\d.]+) s; candidates (\d+); measurements made (\d+)")
 
 
@@ -71,6 +80,8 @@ def _makeup(regions: list[dict]) -> dict[str, float]:
 
 def tune_int8(spec: str, flags: list[str], args, out: Path) -> dict:
     """One ``partune tune --precision int8`` run, read back from its plan and its stdout."""
+    from partune.core import instruction_set
+
     cmd = [
         *(sys.executable, "-m", "partune.cli", "--threads", str(args.threads), *flags),
         *("tune", spec, "--backends", args.backends, "--storage", args.storage),
@@ -85,6 +96,7 @@ def tune_int8(spec: str, flags: list[str], args, out: Path) -> dict:
         "model": Path(spec).stem if spec.endswith(".onnx") else spec,
         "wall_s": time.monotonic() - start,
         "measured": f"{time.strftime('%Y-%m-%d %H:%M')} at {_commit()}",
+        "isa": instruction_set(),
     }
     folder = Path(args.out).with_suffix("")  # precision.md -> precision/MODEL.txt
     folder.mkdir(parents=True, exist_ok=True)
@@ -140,7 +152,8 @@ def _x(v: float | None, bold: bool = False) -> str:
 
 
 def _peer_cell(r: dict, prefix: str, tolerance: float) -> str:
-    """An int8 peer's median and error, marked when over budget ("-": not a peer here)."""
+    """A reduced-precision peer's median and error, marked when over budget ("-": not a peer
+    here)."""
     peer = next((p for p in r["peers"] if p.startswith(f"{prefix} (")), None)
     if peer is None:
         return "-"
@@ -153,14 +166,19 @@ def _peer_cell(r: dict, prefix: str, tolerance: float) -> str:
     return f"{_ms(r['verdict'][peer])} ({error:.1e}{over})"
 
 
-def machine(threads: int, tolerance: float) -> str:
+def machine(threads: int, tolerance: float, isas: list[str]) -> str:
     from partune.core import cpu_name, instruction_set
 
     return (
         f"machine: {cpu_name()} ({os.cpu_count()} cores), instruction set **{instruction_set()}**; "
         f"{threads} thread(s); tolerance {tolerance:g} (relative error vs f32, worst output); "
-        f"commit {_commit()}"
+        f"commit {_commit()}. Rows by instruction set (the `measured` column): "
+        + ", ".join(f"**{isa}**" for isa in isas)
     )
+
+
+def _isa(r: dict) -> str:
+    return r.get("isa", EARLIER_ISA)
 
 
 def table(rows: list[dict], tolerance: float, threads: int) -> str:
@@ -171,15 +189,16 @@ def table(rows: list[dict], tolerance: float, threads: int) -> str:
         "plan error",
         "makeup (share of isolated time)",
         "fastest f32 peer ms",
-        *[f"{k} ms (error)" for k in INT8_PEERS],
+        *[f"{k} ms (error)" for k in REDUCED_PEERS],
         "x fastest f32 peer",
         "x fastest peer within budget",
         "search s",
         "measurements",
         "measured",
     ]
+    isas = sorted({_isa(r) for r in rows})
     lines = [
-        machine(threads, tolerance),
+        machine(threads, tolerance, isas),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" for _ in head) + "|",
@@ -204,27 +223,31 @@ def table(rows: list[dict], tolerance: float, threads: int) -> str:
             f"{error:.1e}" if error is not None else "f32",
             makeup,
             _ms(f32_s),
-            *[_peer_cell(r, prefix, tolerance) for prefix in INT8_PEERS],
+            *[_peer_cell(r, prefix, tolerance) for prefix in REDUCED_PEERS],
             _x(vs_f32),
             _x(vs_allowed, bold=True),
             f"{r['search_s']:.0f}" if r.get("search_s") else "-",
             str(r.get("measurements", "-")),
-            r.get("measured", "-"),
+            f"{r.get('measured', '-')} on {_isa(r)}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
         if vs_f32 and vs_allowed:
-            done.append((r["model"], vs_f32, vs_allowed))
-    if done:
-        geo = [math.exp(sum(math.log(d[i]) for d in done) / len(done)) for i in (1, 2)]
-        worst = min(done, key=lambda d: d[2])
-        lines += [
-            "",
-            f"geomean over {len(done)} models: **{geo[0]:.2f}x** the fastest f32 peer, "
-            f"**{geo[1]:.2f}x** the fastest peer within budget; slowest model {worst[0]} "
-            f"({worst[2]:.2f}x the fastest peer within budget, {worst[1]:.2f}x the fastest f32 "
-            "peer)",
-        ]
+            done.append((r["model"], vs_f32, vs_allowed, _isa(r)))
+    for isa in isas:  # one machine's numbers are not another's: a geomean per instruction set
+        lines += ["", _geomean([d for d in done if d[3] == isa], isa)] if done else []
     return "\n".join(lines)
+
+
+def _geomean(done: list[tuple[str, float, float, str]], isa: str) -> str:
+    if not done:
+        return f"{isa}: no model measured"
+    geo = [math.exp(sum(math.log(d[i]) for d in done) / len(done)) for i in (1, 2)]
+    worst = min(done, key=lambda d: d[2])
+    return (
+        f"{isa}: geomean over {len(done)} models: **{geo[0]:.2f}x** the fastest f32 peer, "
+        f"**{geo[1]:.2f}x** the fastest peer within budget; slowest model {worst[0]} "
+        f"({worst[2]:.2f}x the fastest peer within budget, {worst[1]:.2f}x the fastest f32 peer)"
+    )
 
 
 PREAMBLE = (

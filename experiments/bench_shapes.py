@@ -135,6 +135,7 @@ def _points(plan: Path) -> list[dict]:
 
 
 def bench_one(name: str, args, folder: Path, logs: Path) -> dict:
+    from partune.core import instruction_set
     from partune.frontend import read_file_shapes
 
     shapes, pad, axis, sizes = MODELS[name]
@@ -191,6 +192,7 @@ def bench_one(name: str, args, folder: Path, logs: Path) -> dict:
         else [],
         "check_error": check.stderr.strip().splitlines()[-1:] if check.returncode else None,
         "measured": time.strftime("%Y-%m-%d %H:%M") + f" at {_commit()}",
+        "isa": instruction_set(),
     }
 
 
@@ -224,8 +226,9 @@ def table(rows: list[dict], threads: int) -> str:
         "beyond the points, against onnxruntime on the file at each size (max relative error; "
         "route: where the dispatch sent the call):",
         "",
-        "| model | all buckets s | largest point alone s | ratio | served: size err (route) |",
-        "|---|---|---|---|---|",
+        "| model | all buckets s | largest point alone s | ratio | served: size err (route) "
+        "| measured |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
@@ -236,7 +239,9 @@ def table(rows: list[dict], threads: int) -> str:
             or f"check failed: {r.get('check_error')}"
         )
         took = f"{alone:.0f} | {r['all_s'] / alone:.2f}x" if alone else "- | -"
-        lines.append(f"| {r['model']} | {r['all_s']:.0f} | {took} | {served} |")
+        # Rows from before each kept its instruction set were measured on the AVX2 machines.
+        on = f"{r.get('measured', '-')} on {r.get('isa', 'AVX2')}"
+        lines.append(f"| {r['model']} | {r['all_s']:.0f} | {took} | {served} | {on} |")
     return "\n".join(lines)
 
 
