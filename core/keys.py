@@ -87,8 +87,15 @@ def node_key_parts(graph: KeyedGraph) -> tuple[tuple[str, ...], tuple[str, ...]]
 
 
 def candidate_key(graph: KeyedGraph, nodes: tuple[int, ...], scope: SEScope) -> str:
-    """A region under a scope: the key of its isolated measurement."""
-    return "region:" + region_key(graph, nodes) + ":" + json.dumps(scope.to_json(), sort_keys=True)
+    """A region under a scope: the key of its isolated measurement. An int8 region's key names
+    the quantization scheme too (``INT8_SCHEME``): which of its ops run in int8 is the scheme's,
+    so a region measured under another scheme is measured again (f32 keys stay as they were)."""
+    key = "region:" + region_key(graph, nodes) + ":" + json.dumps(scope.to_json(), sort_keys=True)
+    if scope.compute_precision != "int8":
+        return key
+    from partune.core.int8 import INT8_SCHEME  # only int8 keys need TVM's import
+
+    return key + ":" + INT8_SCHEME
 
 
 def plan_key(plan: KeyedPlan) -> str:
