@@ -177,13 +177,9 @@ def _int8_bindings(
     for n in nodes:
         b = bindings[n]
         if n in units:
-            a, other = b.value.args[0], b.value.args[1]
+            arg = b.value.args[0]
             value = in_int8(
-                b.value,
-                ranges.get(name.get(a, "")),
-                ranges.get(f"n{n}"),
-                unit_end=units[n] == n,
-                other=ranges.get(name.get(other, "")),
+                b.value, ranges.get(name.get(arg, "")), ranges.get(f"n{n}"), unit_end=units[n] == n
             )
         elif n in ends:
             value = unit_output(b.value, ranges.get(f"n{n}"))

@@ -66,18 +66,17 @@ def quantization_data(
 def calibrated_tensors(func: relax.Function) -> dict[relax.Var, str]:
     """The tensors of ``func`` (main) an int8 region quantizes, by their range names (``n<i>`` a
     binding's value, ``p<i>`` a parameter): the activation each quantizable matmul or convolution
-    reads (both, for a matmul of two activations), and every value along its unit
-    (``int8_units``; a region may cut the unit anywhere, and quantizes its output where it
-    ends)."""
+    reads, and every value along its unit (``int8_units``; a region may cut the unit anywhere,
+    and quantizes its output where it ends)."""
     bindings = main_bindings(func)
     name = {b.var: f"n{i}" for i, b in enumerate(bindings)} | {
         p: f"p{i}" for i, p in enumerate(func.params)
     }
     out: dict[relax.Var, str] = {}
     for i, end in int8_units(bindings).items():
-        for arg in bindings[i].value.args[:2]:  # the activation, and a second one (attention)
-            if isinstance(arg, relax.Var) and arg in name:
-                out[arg] = name[arg]
+        arg = bindings[i].value.args[0]
+        if isinstance(arg, relax.Var) and arg in name:
+            out[arg] = name[arg]
         for k in unit_chain(bindings, i, end):
             out[bindings[k].var] = name[bindings[k].var]
     return out

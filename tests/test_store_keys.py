@@ -62,3 +62,15 @@ PINNED = {
         ],
     ),
 }
+
+
+def test_an_int8_candidate_key_names_the_quantization_scheme():
+    """Which ops of an int8 region run in int8 is the scheme's: a region measured under another
+    scheme is measured again. An f32 key never carries it (the pinned keys above)."""
+    from partune.core import INT8_SCHEME
+
+    graph = DataflowGraph.from_function(Residual["main"])
+    config = CompilationConfig.for_cpu(BACKENDS, threads=1, int8=("onnxruntime",))
+    int8, f32 = config.scope_for("onnxruntime", "int8"), config.scope_for("onnxruntime")
+    assert candidate_key(graph, (0,), int8).endswith(":" + INT8_SCHEME)
+    assert INT8_SCHEME not in candidate_key(graph, (0,), f32)
