@@ -171,7 +171,7 @@ def test_optimism_follows_the_asks_between_its_floor_and_one():
     close.observe([(2.0, 1.8)] * (OPTIMISM_SAMPLES - 1))
     assert close.share == OPTIMISM  # too few asks to judge by
     close.observe([(1.0, 1.0)])
-    assert close.share == pytest.approx(0.9)  # a fifth of the asks came out 10% under
+    assert close.share == pytest.approx(0.9)  # nearly every ask came out 10% under its guess
     cheap = Optimism()  # predictions far too high: candidates measured much cheaper
     cheap.observe([(1.0, 0.3)] * OPTIMISM_SAMPLES)
     assert cheap.share == OPTIMISM
