@@ -94,6 +94,7 @@ __getattr__, __dir__ = lazy_exports(
             "quantizes",
             "unit_chain",
         ),
+        "cpu": ("cpu_flags",),
         "describe": (
             "fit_table",
             "op_counts",
@@ -166,7 +167,6 @@ __getattr__, __dir__ = lazy_exports(
             "tensor_types",
         ),
         "versions": (
-            "cpu_flags",
             "cpu_name",
             "deploy_environment",
             "device_fingerprint",

@@ -30,7 +30,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from partune.core.versions import cpu_flags
+from partune.core.cpu import cpu_flags
 
 INT8 = "int8"
 Range = tuple[float, float]

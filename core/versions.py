@@ -10,6 +10,7 @@ import os
 import platform
 from importlib.metadata import PackageNotFoundError, version
 
+from partune.core.cpu import cpu_flags
 from partune.core.keys import FINGERPRINT_DIGITS, digest
 
 # Packages whose version decides whether a plan's costs still hold.
@@ -28,16 +29,6 @@ def tool_versions() -> dict[str, str]:
         except PackageNotFoundError:
             pass
     return out
-
-
-def cpu_flags() -> frozenset[str]:
-    """The instruction-set flags this CPU reports (``/proc/cpuinfo``; none where unreadable)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((ln for ln in f if ln.startswith("flags")), "flags:")
-    except OSError:
-        return frozenset()
-    return frozenset(line.split(":", 1)[1].split())
 
 
 def instruction_set() -> str:
