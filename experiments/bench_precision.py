@@ -38,7 +38,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.bench_vs_peers import EXPORTS, RESULTS, _commit, _export, merged  # noqa: E402
+from experiments.bench_vs_peers import (  # noqa: E402
+    EXPORTS,
+    RESULTS,
+    _commit,
+    _export,
+    merged,
+    row_isa,
+)
 
 DEFAULT_MODELS = [
     "bert-small",
@@ -62,8 +69,6 @@ REDUCED_PEERS = (
     "openvino bf16",
     "torch.compile bf16",
 )
-# Rows measured before each row kept its instruction set came from the AVX2 machines.
-EARLIER_ISA = "AVX2"
 STATS = re.compile(r"search ([\d.]+) s; candidates (\d+); measurements made (\d+)")
 
 
@@ -177,10 +182,6 @@ def machine(threads: int, tolerance: float, isas: list[str]) -> str:
     )
 
 
-def _isa(r: dict) -> str:
-    return r.get("isa", EARLIER_ISA)
-
-
 def table(rows: list[dict], tolerance: float, threads: int) -> str:
     head = [
         "model",
@@ -196,7 +197,7 @@ def table(rows: list[dict], tolerance: float, threads: int) -> str:
         "measurements",
         "measured",
     ]
-    isas = sorted({_isa(r) for r in rows})
+    isas = sorted({row_isa(r) for r in rows})
     lines = [
         machine(threads, tolerance, isas),
         "",
@@ -228,11 +229,11 @@ def table(rows: list[dict], tolerance: float, threads: int) -> str:
             _x(vs_allowed, bold=True),
             f"{r['search_s']:.0f}" if r.get("search_s") else "-",
             str(r.get("measurements", "-")),
-            f"{r.get('measured', '-')} on {_isa(r)}",
+            f"{r.get('measured', '-')} on {row_isa(r)}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
         if vs_f32 and vs_allowed:
-            done.append((r["model"], vs_f32, vs_allowed, _isa(r)))
+            done.append((r["model"], vs_f32, vs_allowed, row_isa(r)))
     for isa in isas:  # one machine's numbers are not another's: a geomean per instruction set
         lines += ["", _geomean([d for d in done if d[3] == isa], isa)] if done else []
     return "\n".join(lines)

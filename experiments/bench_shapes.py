@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.bench_vs_peers import RESULTS, _commit, _export, merged  # noqa: E402
+from experiments.bench_vs_peers import RESULTS, _commit, _export, merged, row_isa  # noqa: E402
 
 # model -> (--shapes, --pad-safe, the axis the check varies, the sizes the artifact is run at)
 MODELS = {
@@ -239,8 +239,7 @@ def table(rows: list[dict], threads: int) -> str:
             or f"check failed: {r.get('check_error')}"
         )
         took = f"{alone:.0f} | {r['all_s'] / alone:.2f}x" if alone else "- | -"
-        # Rows from before each kept its instruction set were measured on the AVX2 machines.
-        on = f"{r.get('measured', '-')} on {r.get('isa', 'AVX2')}"
+        on = f"{r.get('measured', '-')} on {row_isa(r)}"
         lines.append(f"| {r['model']} | {r['all_s']:.0f} | {took} | {served} | {on} |")
     return "\n".join(lines)
 

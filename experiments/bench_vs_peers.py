@@ -144,6 +144,12 @@ def _commit() -> str:
     return done.stdout.strip() or "?"
 
 
+def row_isa(row: dict) -> str:
+    """The instruction set a result row was measured on; rows from before rows kept it came
+    from the AVX2 machines."""
+    return row.get("isa", "AVX2")
+
+
 def merged(earlier: list[dict], new: list[dict]) -> list[dict]:
     """``earlier``'s rows with those of the models in ``new`` replaced (new models appended)."""
     fresh = {r["model"]: r for r in new}
