@@ -56,18 +56,69 @@ class ModelFile:
     file: a plan is then never slower than the best library peer. ``origin`` says which
     graph ("your .onnx file", "torch.onnx.export", ...); ``sha256`` names the user's file,
     so the plan refuses to run another one (None for an export, made again where needed).
+
+    A peer in reduced precision within the accuracy budget can be that plan too: ``precision``
+    "bf16" is OpenVINO's inference-precision hint on the file; ``quantizer`` names the int8
+    peer whose tool quantized it (``partune.runners.int8_peers``). A quantized file is data
+    made from the model's file, so the plan keeps the recipe, not the bytes: the tool and its
+    version (``quantized_with``), the ``metric`` and ``tolerance`` it was held to, and a
+    digest of the samples (``quantized_on``); the export quantizes again (the tools are
+    deterministic) and refuses where any of them differs.
     """
 
     library: str
     origin: str
     sha256: str | None = None
+    precision: str = "f32"
+    quantizer: str | None = None
+    quantized_with: str | None = None
+    quantized_on: str | None = None
+    metric: str = "rel"
+    tolerance: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"library": self.library, "origin": self.origin, "sha256": self.sha256}
+        out = {"library": self.library, "origin": self.origin, "sha256": self.sha256}
+        if self.precision != "f32":
+            out["precision"] = self.precision
+        if self.quantizer is not None:
+            out |= {
+                "quantizer": self.quantizer,
+                "quantized_with": self.quantized_with,
+                "quantized_on": self.quantized_on,
+                "metric": self.metric,
+                "tolerance": self.tolerance,
+            }
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelFile:
-        return cls(str(data["library"]), str(data["origin"]), data.get("sha256"))
+        tolerance = data.get("tolerance")
+        return cls(
+            str(data["library"]),
+            str(data["origin"]),
+            data.get("sha256"),
+            str(data.get("precision", "f32")),
+            data.get("quantizer"),
+            data.get("quantized_with"),
+            data.get("quantized_on"),
+            str(data.get("metric", "rel")),
+            float(tolerance) if tolerance is not None else None,
+        )
+
+    def describe(self) -> str:
+        """The plan in words: which graph, made how, under which library."""
+        made = (
+            f", quantized as the {self.quantizer} peer does it ({self.quantized_with}),"
+            if self.quantizer is not None
+            else ""
+        )
+        hint = f" with its {self.precision} hint" if self.precision != "f32" else ""
+        return f"the model's own ONNX graph ({self.origin}){made} under {self.library}{hint}"
+
+    @property
+    def compute_precision(self) -> str:
+        """What the file computes in: int8 where it was quantized, else ``precision``."""
+        return "int8" if self.quantizer is not None else self.precision
 
 
 @dataclass(frozen=True)
@@ -259,10 +310,16 @@ def model_file_plan(
     notes: dict[str, Any] | None = None,
 ) -> Plan:
     """The plan that runs the model's own ONNX graph under ``file.library``: one region of
-    every node (so it validates like any plan), built from the file, not from Relax."""
+    every node (so it validates like any plan), built from the file, not from Relax. Its scope
+    computes in the file's precision (so the plan's makeup says int8 or bf16 where it is)."""
+    precision = file.compute_precision
     scope = next(
-        (s for s in config.primitives if s.backend == file.library),
-        SEScope(device_type="cpu", backend=file.library),
+        (
+            s
+            for s in config.primitives
+            if s.backend == file.library and s.compute_precision == precision
+        ),
+        SEScope(device_type="cpu", backend=file.library, precision=precision),
     )
     return Plan(
         model,

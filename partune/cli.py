@@ -389,6 +389,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "-o", "--output", required=True, metavar="DIR", help="the deploy directory to write"
     )
+    e.add_argument(
+        "--calibration",
+        metavar="PATH",
+        help="where the plan runs a file an int8 tool quantized (an int8 peer won the verdict): "
+        "the --calibration samples the tuning job had, so the file is quantized again exactly "
+        "as it was timed (default: the job's, for --study)",
+    )
+    e.add_argument(
+        "--validation", metavar="PATH", help="likewise the tuning job's --validation samples"
+    )
     e.set_defaults(func=cmd_export)
 
     rp = sub.add_parser("report", help="write a Markdown report with plots for one tuning job")

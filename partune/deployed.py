@@ -187,7 +187,11 @@ def load(path: str | Path, threads: int | None = None):
         examples = [np.zeros(i["shape"], i["dtype"]) for i in manifest["inputs"]]
         try:
             run = open_model_file(
-                file["library"], (path / file["file"]).read_bytes(), examples, registry.threads()
+                file["library"],
+                (path / file["file"]).read_bytes(),
+                examples,
+                registry.threads(),
+                file.get("precision", "f32"),  # OpenVINO's bf16 hint, where the plan had it
             )
         except ModelFileError as e:
             raise DeployError(f"{path}: {e}") from e

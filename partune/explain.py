@@ -293,10 +293,7 @@ def _winner(
 ) -> CandidateFact:
     """The chosen backend's row: by how much it won, or why it has no time of its own."""
     if plan.model_file is not None:
-        reason = (
-            f"the model's own ONNX graph ({plan.model_file.origin}) under "
-            f"{plan.model_file.library}, measured end to end against the partitioned plans"
-        )
+        reason = f"{plan.model_file.describe()}, measured end to end against the partitioned plans"
     elif f.status != MEASURED:
         reason = (
             f"not measured alone ({f.status}): the region comes from a plan measured end to end "
@@ -349,8 +346,8 @@ def explain(plan: Plan, graph: DataflowGraph, ev: Evidence, source: str) -> Expl
     if plan.model_file is not None:
         best = notes.get("best_partitioned")
         said.append(
-            f"no partitioned plan beat {notes.get('chosen_as')}: the plan runs the model's own "
-            f"ONNX graph ({plan.model_file.origin}) under {plan.model_file.library}, unpartitioned"
+            f"no partitioned plan beat {notes.get('chosen_as')}: the plan runs "
+            f"{plan.model_file.describe()}, unpartitioned"
             + (
                 f"; the best partitioned plan, '{best}', ran "
                 f"{_time(notes.get('best_partitioned_median_s'))}"

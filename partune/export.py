@@ -31,17 +31,21 @@ LIBRARY = "model.so"
 MODEL_FILE = "model.onnx"  # a model-file plan's graph
 
 
-def export(model, plan: Plan, out: str | Path, threads: int = 1) -> Path:
-    """Compile ``model`` under ``plan`` into ``out`` (replaced if it exists); returns ``out``."""
+def export(model, plan: Plan, out: str | Path, threads: int = 1, samples=None) -> Path:
+    """Compile ``model`` under ``plan`` into ``out`` (replaced if it exists); returns ``out``.
+    ``samples``: the ``TuneOptions`` holding the calibration and validation samples a quantized
+    model-file plan's file was made on (None: the synthetic ones, ``model_file_data``)."""
     plan.validate(model.graph, registry.names())
-    return staged(out, lambda staging: write_plan(model, plan, staging, threads))
+    return staged(out, lambda staging: write_plan(model, plan, staging, threads, samples=samples))
 
 
-def write_plan(model, plan: Plan, out: Path, threads: int, prefix: str = "deploy") -> Path:
+def write_plan(
+    model, plan: Plan, out: Path, threads: int, prefix: str = "deploy", samples=None
+) -> Path:
     """``model`` under ``plan`` written into the empty folder ``out``; its library regions are
     registered in the loading process under symbols that start with ``prefix``."""
     if plan.model_file is not None:
-        return _export_model_file(model, plan, out, threads)
+        return _export_model_file(model, plan, out, threads, samples)
     return _export_regions(model, plan, out, threads, prefix)
 
 
@@ -140,11 +144,13 @@ def _export_regions(model, plan: Plan, out: Path, threads: int, prefix: str) -> 
     )
 
 
-def _export_model_file(model, plan: Plan, out: Path, threads: int) -> Path:
-    """A model-file plan: the model's own ONNX graph, loaded by its library where deployed."""
-    from partune.runners import build_model_file, model_onnx
+def _export_model_file(model, plan: Plan, out: Path, threads: int, samples) -> Path:
+    """A model-file plan: the model's own ONNX graph (or the plan's quantization of it), loaded
+    by its library, in the plan's precision, where deployed."""
+    from partune.runners import build_model_file
+    from partune.search import model_file_data
 
-    data = model_onnx(model)
+    data = model_file_data(model, plan.model_file, samples)
     build_model_file(plan, data, model.inputs, threads)  # the file is the plan's, and it loads
     (out / MODEL_FILE).write_bytes(data)
     library = plan.model_file.library

@@ -166,8 +166,8 @@ def _headline(study_name: str, plan: Plan) -> list[str]:
     chosen = notes.get("chosen_as", "?")
     if plan.model_file is not None:
         lines.append(
-            f"Emitted plan: **{chosen}**: no partitioned plan beat the model's own ONNX graph "
-            f"({plan.model_file.origin}) under {plan.model_file.library}, so that is the plan "
+            f"Emitted plan: **{chosen}**: no partitioned plan beat {plan.model_file.describe()}, "
+            "so that is the plan "
             f"(the best partitioned one, '{notes.get('best_partitioned')}', was slower)."
         )
     else:

@@ -16,7 +16,15 @@ import tvm
 from tvm import relax
 
 from partune.backends import registry
-from partune.core import DataflowGraph, Plan, SEScope, flatten_outputs, main_bindings, partition
+from partune.core import (
+    DataflowGraph,
+    ModelFile,
+    Plan,
+    SEScope,
+    flatten_outputs,
+    main_bindings,
+    partition,
+)
 from partune.runners.protocol import (
     CaptureRequest,
     CompareRequest,
@@ -111,23 +119,36 @@ def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltMode
 
 
 def build_model_file(plan: Plan, data: bytes, inputs: list[np.ndarray], threads: int):
-    """A model-file plan (``Plan.model_file``): the model's own ONNX bytes under its library.
+    """A model-file plan (``Plan.model_file``): the ONNX bytes it runs under its library, in
+    its precision (``data``: the model's own file, or the file quantized from it where the plan
+    names a quantizer, ``partune.search.model_file_data``).
 
     Returns a ``partune.backends.model_file.ModelFileRun`` (called and prepared like
     ``BuiltModel``). A plan made for the user's file refuses any other file.
     """
-    from partune.backends import open_model_file, sha256
-    from partune.core import PlanError
+    from partune.backends import open_model_file
 
     file = plan.model_file
     if file is None:
+        from partune.core import PlanError
+
         raise PlanError("not a model-file plan")
+    if file.quantizer is None:
+        check_source(file, data)
+    return open_model_file(file.library, data, inputs, threads, file.precision)
+
+
+def check_source(file: ModelFile, data: bytes) -> None:
+    """Raise PlanError unless ``data`` is the ONNX file the model-file plan ``file`` was made
+    for (any file, where it was made for an export)."""
+    from partune.backends import sha256
+    from partune.core import PlanError
+
     if file.sha256 is not None and sha256(data) != file.sha256:
         raise PlanError(
             f"the plan runs another ONNX file (sha256 {file.sha256[:12]}..., "
             f"this one is {sha256(data)[:12]}...)"
         )
-    return open_model_file(file.library, data, inputs, threads)
 
 
 def region_request(

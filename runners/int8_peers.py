@@ -23,6 +23,7 @@ with its error, but is no bar to beat. The quantized files are made in the searc
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tempfile
@@ -48,6 +49,20 @@ class QuantizationData:
     validation: list[list[np.ndarray]]
     metric: str = "rel"
     tolerance: float = 1e-2
+
+    @property
+    def digest(self) -> str:
+        """A name for the samples, metric and budget: a quantized file is a function of them
+        (and of the tool), so a plan that ships one names them (``partune.core.ModelFile``)."""
+        h = hashlib.sha256(f"{self.metric}:{self.tolerance!r}".encode())
+        for part, samples in (("c", self.calibration), ("v", self.validation)):
+            for sample in samples:
+                h.update(part.encode())
+                for a in sample:
+                    a = np.ascontiguousarray(a)
+                    h.update(f"{a.dtype}{a.shape}".encode())
+                    h.update(a.tobytes())
+        return h.hexdigest()[:16]
 
 
 def _without_vnni() -> bool:
@@ -212,3 +227,20 @@ QUANTIZERS: dict[str, Callable[[bytes, QuantizationData], bytes]] = {
     "openvino int8": nncf_int8,
     ACCURACY_CONTROL: nncf_accuracy_control,
 }
+QUANTIZER_PACKAGES = {"onnxruntime int8": "onnxruntime", "openvino int8": "nncf"} | {
+    ACCURACY_CONTROL: "nncf"
+}
+
+
+def quantizer_version(kind: str) -> str:
+    """The tool that quantizes for the int8 peer ``kind``, with its installed version ("nncf
+    2.19.0"): another version may quantize the same file otherwise."""
+    from importlib.metadata import version
+
+    package = QUANTIZER_PACKAGES[kind]
+    return f"{package} {version(package)}"
+
+
+def quantize_file(kind: str, data: bytes, q: QuantizationData) -> bytes:
+    """``data`` (ONNX bytes) quantized as the int8 peer ``kind`` does it, on ``q``."""
+    return QUANTIZERS[kind](data, q)

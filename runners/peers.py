@@ -21,7 +21,12 @@ import numpy as np
 from partune.backends import LIBRARIES, open_model_file
 from partune.core import last_line
 from partune.frontend import load_program
-from partune.runners.int8_peers import ACCURACY_CONTROL, INT8_PEERS, QUANTIZERS, QuantizationData
+from partune.runners.int8_peers import (
+    ACCURACY_CONTROL,
+    INT8_PEERS,
+    QuantizationData,
+    quantize_file,
+)
 
 Runnable = Callable[[], object]
 
@@ -265,7 +270,7 @@ def _int8_specs(
                 raise RuntimeError("no calibration data to quantize with")
             path = Path(folder) / f"peer.{kind.replace(' ', '-')}.onnx"
             if not path.exists():
-                path.write_bytes(QUANTIZERS[kind](_onnx_of(onnx), quantization))
+                path.write_bytes(quantize_file(kind, _onnx_of(onnx), quantization))
             specs[label] = _kind_fields(kind) | {"onnx_file": str(path), "reference": onnx}
         except Exception as e:  # noqa: BLE001 - the quantizers raise many kinds
             specs[label] = {"kind": "unavailable", "why": f"cannot quantize: {last_line(e, 160)}"}

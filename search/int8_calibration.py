@@ -26,12 +26,11 @@ from partune.core import (
     main_bindings,
     unit_chain,
 )
-from partune.runners import QuantizationData, held_out_inputs
+from partune.runners import QuantizationData, Validation, held_out_inputs
 from partune.store import Notes
 
 if TYPE_CHECKING:
     from partune.frontend import Model
-    from partune.runners import Validation
     from partune.search.options import TuneOptions
     from partune.search.session_view import SessionView
 
@@ -47,12 +46,21 @@ def calibration_samples(model: Model, options: TuneOptions) -> list[list[np.ndar
     return [inputs] + [draw_like(inputs, seed) for seed in range(1, SYNTHETIC_SAMPLES)]
 
 
-def quantization_data(
-    model: Model, options: TuneOptions, validation: Validation | None
-) -> QuantizationData:
+def validation_for(model: Model, options: TuneOptions) -> Validation | None:
+    """What reduced-precision errors are judged on: the user's validation samples, else
+    (another metric than the default) the inputs and the held-out draw like them; None: as
+    the runners judge by default (the same samples, by relative error)."""
+    samples = list(options.validation)
+    if not samples and options.metric != "rel":
+        samples = [model.inputs, held_out_inputs(model.inputs)]
+    return Validation.of(samples, options.metric) if samples else None
+
+
+def quantization_data(model: Model, options: TuneOptions) -> QuantizationData:
     """What the int8 peers are quantized on and held to: the samples int8 is calibrated on,
-    and the samples (``validation``, else the inputs and the held-out draw), metric and budget
-    the plans are judged by."""
+    and the samples (``validation_for``, else the inputs and the held-out draw), metric and
+    budget the plans are judged by."""
+    validation = validation_for(model, options)
     judged = (
         validation.arrays()
         if validation is not None

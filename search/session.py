@@ -49,9 +49,7 @@ from partune.runners import (
     Lookahead,
     Measurement,
     Runner,
-    Validation,
     has_reduced,
-    held_out_inputs,
     module_file,
     plan_request,
     region_request,
@@ -61,7 +59,7 @@ from partune.search.calibration import CalibrationView, calibrate
 from partune.search.candidates import Candidate, backend_plan, enumerate_candidates
 from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from partune.search.finalists import pick_finalists, refinement
-from partune.search.int8_calibration import calibrate_int8, calibration_samples
+from partune.search.int8_calibration import calibrate_int8, calibration_samples, validation_for
 from partune.search.options import TuneOptions
 from partune.search.precision import budgeted, overran, repair
 from partune.search.pruning import Optimism, features, prune
@@ -108,7 +106,7 @@ class SearchSession:
             backends, options.threads, bf16=bf16, one_thread=fewer, int8=int8
         )
         self.calibration: Calibration | None = None  # int8's ranges, measured before any plan
-        self.validation = self.judged_on(options)
+        self.validation = validation_for(model, options)
         self.cands = [
             c
             for c in enumerate_candidates(self.mod, self.graph, self.config, options.pins)
@@ -399,15 +397,6 @@ class SearchSession:
                 notes={"kind": "collage dp", "estimate_s": cover.cost_s},
             )
         )
-
-    def judged_on(self, options: TuneOptions) -> Validation | None:
-        """What reduced-precision errors are judged on: the user's validation samples, else
-        (another metric than the default) the inputs and the held-out draw like them; None: as
-        the runners judge by default (the same samples, by relative error)."""
-        samples = list(options.validation)
-        if not samples and options.metric != "rel":
-            samples = [self.model.inputs, held_out_inputs(self.model.inputs)]
-        return Validation.of(samples, options.metric) if samples else None
 
     def with_ranges(self, plan: Plan) -> Plan:
         """``plan`` with the int8 ranges where it has int8 regions (the ranges are the plan's:

@@ -38,6 +38,7 @@ from partune.runners import (
     peer_specs,
 )
 from partune.search.int8_calibration import quantization_data
+from partune.search.model_file_recipe import quantized_model_file
 from partune.search.result import Verdict
 from partune.store import FIRST_POLL_S, POLL_S
 
@@ -172,7 +173,7 @@ def judge(s: SessionView, finalists: dict[str, Plan]) -> None:
                 model,
                 wanted,
                 s.module_file.parent,
-                quantization_data(model, s.options, s.validation),
+                quantization_data(model, s.options),
             )
             request = compare_request(
                 s.module_file, finalists, specs, model.inputs, VERDICT_ROUNDS, s.validation
@@ -211,20 +212,38 @@ def _never_stored(store: MeasurementStore, key: str, labels: list[str]) -> bool:
 
 
 def fastest_library_peer(verdict: Verdict) -> str | None:
-    """The verdict's fastest library peer on the model's own graph (onnxruntime, OpenVINO):
-    the one a model-file plan can be made of. None when no such peer ran."""
+    """The verdict's fastest library peer on the model's own graph (onnxruntime, OpenVINO; in
+    f32, or in bf16 or int8 within the accuracy budget): the one a model-file plan can be made
+    of. None when no such peer ran."""
     ms = verdict.measurements
     ok = [
         p
         for p in verdict.peers
-        if peer_kind(p) in LIBRARY_PEERS and ms.get(p) is not None and ms[p].ok
+        if (kind := peer_kind(p)) is not None
+        and kind.split()[0] in LIBRARY_PEERS
+        and ms.get(p) is not None
+        and ms[p].ok
+        and not verdict.over_budget(p)
     ]
     return min(ok, key=lambda p: ms[p].median_s) if ok else None
 
 
+def peer_model_file(s: SessionView, label: str) -> ModelFile:
+    """The model-file plan that runs what the library peer ``label`` ran: the model's own file,
+    under OpenVINO's bf16 hint for its bf16 peer, quantized for an int8 one."""
+    kind = peer_kind(label)
+    assert kind is not None
+    library = kind.split()[0]
+    origin, sha = model_origin(s.model), getattr(s.model, "onnx_sha256", None)
+    if kind in INT8_PEERS:
+        return quantized_model_file(library, origin, sha, kind, s.model, s.options)
+    return ModelFile(library, origin, sha, precision="bf16" if kind in BF16_PEERS else "f32")
+
+
 def emit(s: SessionView, finalists: dict[str, Plan]) -> None:
-    """The plan to emit: the fastest finalist by interleaved median, or the model's own file
-    under the fastest library when no finalist beat it; its notes say how it stands."""
+    """The plan to emit: the fastest finalist by interleaved median, or the model's file under
+    the fastest library peer within budget when no finalist beat it; its notes say how it
+    stands."""
     result = s.result
     verdict = result.verdict.measurements
     ok = {label: m for label, m in result.end_to_end.items() if m.ok}
@@ -241,12 +260,10 @@ def emit(s: SessionView, finalists: dict[str, Plan]) -> None:
         not judged or verdict[file_peer].median_s < judged[best].median_s
     ):
         # No plan beat a library on the model's own file: that is the plan (never slower than it).
-        file = ModelFile(
-            peer_kind(file_peer), model_origin(s.model), getattr(s.model, "onnx_sha256", None)
-        )
-        notes = {
-            k: v for k, v in notes.items() if k not in ("rel_error", "tolerance")
-        }  # the file is f32
+        file = peer_model_file(s, file_peer)
+        notes = {k: v for k, v in notes.items() if k not in ("rel_error", "tolerance")}
+        if (error := verdict[file_peer].rel_error) is not None:
+            notes |= {"rel_error": error, "tolerance": s.options.tolerance}
         notes |= {
             "kind": "model file",
             "chosen_as": file_peer,

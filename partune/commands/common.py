@@ -58,6 +58,23 @@ def load_model(args: argparse.Namespace):
     return model
 
 
+def read_samples(calibration: str, validation: str | None, model) -> tuple[tuple, tuple, str]:
+    """The samples of ``--calibration`` (and ``--validation``, else the last quarter of them
+    held out), each checked against the model's inputs; with a line saying how many each set
+    has. Raises with one line where they do not fit."""
+    from partune.frontend import load_samples, split_samples
+
+    spec = (
+        [p.name for p in model.mod["main"].params],
+        [a.shape for a in model.inputs],
+        [str(a.dtype) for a in model.inputs],
+    )
+    samples = load_samples(calibration, *spec)
+    held = load_samples(validation, *spec) if validation else None
+    calibrated, judged, note = split_samples(samples, held)
+    return tuple(calibrated), tuple(judged), note
+
+
 def parse_duration(text: str) -> float:
     """'90s', '15m', '8h', '1d' or plain seconds."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -12,6 +12,7 @@ from partune.commands.common import (
     is_zoo,
     job_attrs,
     load_model,
+    read_samples,
     study_summaries,
 )
 
@@ -38,6 +39,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         spec = spec or attrs.get("model")
         shapes = shapes or attrs.get("input_shape")
         args.disable_pass = args.disable_pass or attrs.get("disabled_passes")
+        args.calibration = args.calibration or attrs.get("calibration")
+        args.validation = args.validation or attrs.get("validation")
     args.model, args.input_shape = spec, shapes
     model = load_model(args)
     if plan.fingerprint != model.graph.fingerprint:
@@ -46,12 +49,27 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"{model.name} is {model.graph.fingerprint})"
         )
     try:
-        out = export(model, plan, args.output, args.threads)
+        out = export(model, plan, args.output, args.threads, samples_of(args, model))
     except FileExistsError as e:
         raise PartuneError(str(e)) from None
     print(f"exported {model.name} under its plan ({', '.join(plan.backends)}) to {out}/")
     print(f"run it:  partune run {out}    or in Python: partune.deployed.load('{out}')(*inputs)")
     return 0
+
+
+def samples_of(args: argparse.Namespace, model):
+    """The samples a model-file plan's file was quantized on (``--calibration``,
+    ``--validation``), as ``TuneOptions``; None without them (the synthetic ones)."""
+    if not args.calibration:
+        if args.validation:
+            from partune.core import PartuneError
+
+            raise PartuneError("--validation needs --calibration (the samples to calibrate on)")
+        return None
+    from partune.search import TuneOptions
+
+    calibration, validation, _ = read_samples(args.calibration, args.validation, model)
+    return TuneOptions(calibration=calibration, validation=validation)
 
 
 def _export_buckets(args: argparse.Namespace, plans) -> int:

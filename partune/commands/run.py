@@ -115,10 +115,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan) if args.plan else _backend_plan(model, args.backend, args.threads)
     if plan.model_file is not None:  # the model's own ONNX graph under one library
         from partune.backends import registry
-        from partune.runners import build_model_file, model_onnx
+        from partune.runners import build_model_file
+        from partune.search import model_file_data
 
         plan.validate(model.graph, registry.names())
-        built = build_model_file(plan, model_onnx(model), model.inputs, args.threads)
+        data = model_file_data(model, plan.model_file)  # quantized again where the plan says
+        built = build_model_file(plan, data, model.inputs, args.threads)
     else:
         built = build_plan(plan, model.mod, model.graph)
     err = max_abs_error(built(model.inputs), model.reference)
@@ -131,9 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"model      {model.name} ({len(model.graph)} nodes, fingerprint {model.graph.fingerprint})"
     )
     what = (
-        f"the model's own ONNX graph ({plan.model_file.origin}) under {plan.model_file.library}"
-        if plan.model_file
-        else f"{len(plan.regions)} regions ({shares})"
+        plan.model_file.describe() if plan.model_file else f"{len(plan.regions)} regions ({shares})"
     )
     print(f"plan       {args.plan or 'single-backend ' + args.backend}: {what}")
     print(

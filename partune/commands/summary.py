@@ -41,8 +41,8 @@ def summarise(result, model) -> str:
         lines.append(f"per-region cost in a whole model vs isolated: {adj}")
     if plan.model_file is not None:
         lines.append(
-            f"NO PARTITIONED PLAN BEAT {plan.notes['chosen_as']}: the plan is the model's own ONNX "
-            f"graph ({plan.model_file.origin}) under {plan.model_file.library}, unpartitioned; the "
+            f"NO PARTITIONED PLAN BEAT {plan.notes['chosen_as']}: the plan is "
+            f"{plan.model_file.describe()}, unpartitioned; the "
             f"best partitioned plan, '{plan.notes.get('best_partitioned')}', ran "
             + (
                 f"{plan.notes['best_partitioned_median_s'] * 1e3:.3f} ms"

@@ -16,6 +16,7 @@ from partune.commands.common import (
     parse_duration,
     parse_pins,
     previous_plan,
+    read_samples,
     sqlite_file,
 )
 from partune.commands.summary import summarise
@@ -264,7 +265,6 @@ def _accuracy_data(args: argparse.Namespace, model) -> AccuracyData:
     """The user's samples (``--calibration``, ``--validation``), read and checked against the
     model before anything is measured; none without reduced precision."""
     from partune.core import PartuneError
-    from partune.frontend import load_samples, split_samples
     from partune.runners import check_metric_fits
 
     if args.precision == "f32":
@@ -281,15 +281,8 @@ def _accuracy_data(args: argparse.Namespace, model) -> AccuracyData:
             note="accuracy judged on synthetic data (the model's inputs and draws like them): "
             "give --calibration for your own"
         )
-    spec = (
-        [p.name for p in model.mod["main"].params],
-        [a.shape for a in model.inputs],
-        [str(a.dtype) for a in model.inputs],
-    )
-    samples = load_samples(args.calibration, *spec)
-    held = load_samples(args.validation, *spec) if args.validation else None
-    calibration, validation, note = split_samples(samples, held)
-    return AccuracyData(tuple(calibration), tuple(validation), f"accuracy by {args.metric}: {note}")
+    calibration, validation, note = read_samples(args.calibration, args.validation, model)
+    return AccuracyData(calibration, validation, f"accuracy by {args.metric}: {note}")
 
 
 def _check_precision(args: argparse.Namespace, backends: list[str]) -> None:
@@ -393,6 +386,9 @@ def _job_started(study, args: argparse.Namespace) -> None:
         study.set_user_attr("input_shape", args.input_shape)
     if getattr(args, "disable_pass", None):  # export and explain rebuild the module the plan is for
         study.set_user_attr("disabled_passes", args.disable_pass)
+    for samples in ("calibration", "validation"):  # export quantizes a peer's file again on them
+        if getattr(args, samples, None):
+            study.set_user_attr(samples, os.path.abspath(getattr(args, samples)))
     study.set_user_attr("started", time.time())
     study.set_user_attr("n_trials", args.refine_trials)
     study.set_user_attr("objective", args.objective)
