@@ -74,6 +74,7 @@ __all__ = [
     "tensor_types",
     "trim",
     "unit_chain",
+    "unit_noise",
     "variant_label",
     "verdict_key",
 ]
@@ -93,6 +94,7 @@ __getattr__, __dir__ = lazy_exports(
             "int8_units",
             "quantizes",
             "unit_chain",
+            "unit_noise",
         ),
         "cpu": ("cpu_flags",),
         "describe": (

@@ -141,6 +141,40 @@ def unit_output(value: relax.Expr, output: Range | None = None) -> relax.Expr:
     return _qdq_activation(value, output or ((0.0, PLACEHOLDER[1]) if relu else PLACEHOLDER))
 
 
+def rounding_noise(a: np.ndarray, rng: Range) -> float:
+    """The power of the rounding noise ``a``, quantized over ``rng``, takes (a step squared over
+    12), relative to ``a``'s mean square."""
+    scale, _ = activation_qparams(rng)
+    power = float(np.mean(np.square(a, dtype=np.float64)))
+    return scale**2 / 12 / power if power > 0 else 0.0
+
+
+def unit_noise(
+    value: relax.Expr,
+    x: np.ndarray,
+    x_range: Range,
+    y: np.ndarray | None = None,
+    y_range: Range | None = None,
+) -> float:
+    """The noise ``in_int8`` adds to ``value`` (see ``quantizes``), relative to its power: the
+    rounding noise of its activation ``x`` over ``x_range``, of its weight per output channel,
+    and of its unit's output ``y`` over ``y_range`` where given. Independent noises' relative
+    powers add through a product, so this is the unit's share of a plan's error up to how the
+    rest of the model carries it (``partune.search.precision`` fits that on a measured plan).
+    It costs no run: NNCF's accuracy control and the search's per-unit probes cost one each."""
+    _, _, axis, _ = _OPS[value.op.name]
+    w = _weight(value.args[1])
+    assert w is not None
+    axis %= w.ndim
+    step = np.abs(w).max(axis=tuple(i for i in range(w.ndim) if i != axis)) / INT8_LEVELS
+    power = float(np.mean(np.square(w, dtype=np.float64)))
+    noise = float(np.mean(np.square(step, dtype=np.float64))) / 12 / power if power > 0 else 0.0
+    noise += rounding_noise(x, x_range)
+    if y is not None and y_range is not None:
+        noise += rounding_noise(y, y_range)
+    return noise
+
+
 def _reads(value: relax.Expr) -> list[relax.Var]:
     """The variables a binding's value reads (call arguments, one level of tuples)."""
     args = value.args if isinstance(value, relax.Call) else [value]

@@ -17,8 +17,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from partune.core import main_bindings, quantizes
+import numpy as np
+
+from partune.core import int8_units, main_bindings, quantizes, unit_noise
 from partune.runners import Measurement, has_reduced
+from partune.search.int8_calibration import calibrated_tensors
 
 if TYPE_CHECKING:
     from partune.core import Plan, Region
@@ -26,7 +29,8 @@ if TYPE_CHECKING:
 
 MAX_REPAIRS = 4  # plans measured while handing regions back, before all go back at once
 MAX_SENSITIVITIES = 8  # reduced regions whose errors alone are measured to order the repair
-MAX_UNIT_SENSITIVITIES = 16  # int8 units whose share of the error is measured (the cheapest)
+MAX_UNIT_STEPS = 5  # variants measured while handing int8 units back to f32
+AIM = 0.7  # of the budget: where the first variant handing units back aims its error
 
 
 def over_budget(m: Measurement, tolerance: float | None) -> bool:
@@ -106,29 +110,75 @@ def keeping_f32(plan: Plan, units: list[int]) -> Plan:
     )
 
 
+def unit_noises(s: SessionView, plan: Plan, units: list[int]) -> dict[int, float]:
+    """Each of ``units``' noise in int8 (``partune.core.unit_noise``) on the model's values over
+    ``plan``'s ranges; a unit whose values or ranges are unknown is left out."""
+    if s.values is None:
+        s.values = s.capture()
+    values, ranges = s.values, plan.calibration.ranges if plan.calibration else {}
+    func = s.mod["main"]
+    bindings, names = main_bindings(func), calibrated_tensors(func)
+    ends = int8_units(bindings)
+    noise: dict[int, float] = {}
+    for u in units:
+        value = bindings[u].value
+        x, y = value.args[0], bindings[ends[u]].var
+        x_range, y_range = ranges.get(names.get(x, "")), ranges.get(names.get(y, ""))
+        if isinstance(values.get(x), np.ndarray) and x_range is not None:
+            out = values.get(y) if y_range is not None else None
+            noise[u] = unit_noise(value, values[x], x_range, out, y_range)
+    return noise
+
+
+def units_to_keep(order: list[int], noise: dict[int, float], share: float) -> int:
+    """How many of ``order``'s first units go back to f32 so that at most ``share`` of the units'
+    noise stays (all of them where no fewer do)."""
+    total = sum(noise.values())
+    left = total
+    for k, u in enumerate(order):
+        if left <= share * total:
+            return k
+        left -= noise[u]
+    return len(order)
+
+
 def repair_units(s: SessionView, plan: Plan, label: str, error: float) -> str | None:
     """Variants of an over-budget int8 ``plan`` that keep some of its units in f32 inside the
     same regions (no new borders), each measured; the label of the first within budget.
 
-    A unit's share of the error is what the plan's error drops when it alone stays in f32 (for
-    the ``MAX_UNIT_SENSITIVITIES`` units of fewest FLOPs, the cheapest to hand back); units go
-    back in order of FLOPs given up per unit of error removed (``revert_order``), 1, 2, 4, ...
-    at a time."""
+    Every unit's noise is estimated without a run (``unit_noises``), and units go back in order
+    of FLOPs given up per unit of noise removed (``revert_order``; NNCF's accuracy control
+    reverts by sensitivity alone, measured one layer at a time). The plan's error is taken to
+    scale with the noise left (its square root, for the relative error; itself, for cosine), so
+    the first variant hands back what should bring it to ``AIM`` of the budget; each one
+    measured corrects that scale, up to ``MAX_UNIT_STEPS`` variants."""
     units = int8_units_of(s, plan)
     if plan.calibration is None or not units:
         return None
-    probed = sorted(units, key=lambda u: s.graph.nodes[u].flops)[:MAX_UNIT_SENSITIVITIES]
-    drops: dict[int, float | None] = {}
-    for u in probed:
-        m = s.measure(keeping_f32(plan, [u]), f"sensitivity of unit {u}")
-        drops[u] = error - m.rel_error if m is not None and m.rel_error is not None else None
-    helpful = {u: d for u, d in drops.items() if d is not None and d > 0}
-    order = revert_order({u: float(s.graph.nodes[u].flops) for u in helpful}, helpful)
-    for k in sorted({min(2**i, len(order)) for i in range(len(order).bit_length() + 1)}):
+    noise = {u: n for u, n in unit_noises(s, plan, units).items() if n > 0}
+    if not noise:
+        return None
+    order = revert_order({u: float(s.graph.nodes[u].flops) for u in noise}, noise)
+    power = 1.0 if s.options.metric == "cosine" else 0.5  # error ~ noise ** power
+    budget, kept, share = s.options.accuracy_budget, 0, 1.0
+    for _ in range(MAX_UNIT_STEPS):
+        # The noise left is ``share`` of it all at ``error``: so much more goes back.
+        share *= (AIM * budget / error) ** (1 / power)
+        k = max(units_to_keep(order, noise, share), kept + 1)
+        if k > len(order):
+            return None
+        kept = k
         name = f"{label} (int8, {k} unit{'s' if k > 1 else ''} in f32)"
         variant = keeping_f32(plan, order[:k])
-        if k and s.offer(name, variant) and s.end_to_end(name, variant).ok:
+        if not s.offer(name, variant):
+            continue
+        m = s.end_to_end(name, variant)
+        if m.ok:
             return name
+        if m.rel_error is None or m.rel_error <= 0:
+            return None
+        left = sum(noise[u] for u in order[k:])
+        share, error = left / sum(noise.values()), m.rel_error
     return None
 
 

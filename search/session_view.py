@@ -49,6 +49,9 @@ class SessionView(Protocol):
     label_of: dict[str, str]
     validation: Validation | None
     calibration: Calibration | None
+    values: dict | None  # the model's intermediate values, once captured
+
+    def capture(self) -> dict: ...
 
     @property
     def counts(self) -> Counts: ...

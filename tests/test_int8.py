@@ -298,3 +298,34 @@ def test_a_plan_keeping_every_unit_in_f32_computes_as_f32_when_built():
     assert not np.allclose(build_plan(int8, mod, graph)(x)[0], want, atol=1e-5)
     kept = build_plan(keeping_f32(int8, [0, 3]), mod, graph)(x)[0]
     np.testing.assert_allclose(kept, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_units_estimated_noise_is_within_bounds_of_its_measured_int8_error():
+    """``unit_noise`` costs no run; against the QDQ matmul computed in numpy it is within 2x."""
+    from partune.core import unit_noise
+
+    x = RNG.standard_normal((64, 16)).astype("float32")
+    value = _mlp().body.blocks[0].bindings[0].value  # x @ W1
+    rng = (float(x.min()), float(x.max()))
+    scale, zero = activation_qparams(rng)
+    xq = (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
+    step = np.abs(W1).max(axis=0) / INT8_LEVELS
+    wq = np.clip(np.round(W1 / step), -INT8_LEVELS, INT8_LEVELS) * step
+    y = x @ W1
+    measured = np.mean((xq @ wq - y) ** 2) / np.mean(y**2)
+    estimated = unit_noise(value, x, rng)
+    assert measured / 2 < estimated < measured * 2
+    # a range twice as wide: steps twice as large, four times the activation's noise
+    assert unit_noise(value, x, (2 * rng[0], 2 * rng[1])) > 2 * estimated
+
+
+def test_units_go_back_until_the_noise_left_is_the_share_asked():
+    from partune.search.precision import units_to_keep
+
+    noise = {0: 0.5, 1: 0.3, 2: 0.15, 3: 0.05}
+    order = [2, 0, 1, 3]
+    assert units_to_keep(order, noise, 1.0) == 0
+    assert units_to_keep(order, noise, 0.85) == 1  # 2 goes: 0.85 left
+    assert units_to_keep(order, noise, 0.35) == 2  # then 0: 0.35 left
+    assert units_to_keep(order, noise, 0.3) == 3  # 0.35 is still over: 1 goes too
+    assert units_to_keep(order, noise, 0.0) == 4
