@@ -127,7 +127,9 @@ class OnnxGraphBackend(Backend):
         if not {"f32": True, "bf16": self.bf16, "int8": self.int8}[precision]:
             raise BackendError(f"{self.name} has no {precision} path")
         if precision == "int8":  # QDQ form, compiled as it stands: the library's int8 kernels
-            func = func if int8_ready(func) else function_in_int8(func)
+            func = (
+                func if int8_ready(func) else function_in_int8(func, outputs=self.int8_outputs)
+            )
             precision = "f32"
         entry = build_cache.current()
         if entry is not None:

@@ -52,7 +52,7 @@ INT8_ACTIVATION_LEVELS = 255 if _VNNI else 127  # an activation's u8 steps (modu
 # How ranges become int8 here, named in every calibration's digest: a change to it is a change to
 # every int8 plan's values, which must then be measured again, not read from the store.
 INT8_SCHEME = (
-    f"qdq: s8 weights per channel, u8 activations in {INT8_ACTIVATION_LEVELS} steps, units v6"
+    f"qdq: s8 weights per channel, u8 activations in {INT8_ACTIVATION_LEVELS} steps, units v7"
 )
 
 
@@ -264,16 +264,18 @@ def unit_chain(bindings: Sequence[relax.Binding], op: int, end: int) -> list[int
 
 @relax.expr_functor.mutator
 class _Int8Mutator(relax.PyExprMutator):
-    def __init__(self, func: relax.Function, ranges: Mapping[str, Range], levels: int) -> None:
+    def __init__(
+        self, func: relax.Function, ranges: Mapping[str, Range], levels: int, outputs: bool
+    ) -> None:
         super().__init__()
-        self.ranges, self.levels = ranges, levels
+        self.ranges, self.levels, self.outputs = ranges, levels, outputs
         bindings = [b for block in func.body.blocks for b in block.bindings]
         outputs = frozenset(_reads(func.body.body)) | frozenset(
             [func.body.body] if isinstance(func.body.body, relax.Var) else []
         )
         units = int8_units(bindings, outputs=outputs)
         self.ops = {bindings[i].var: bindings[e].var for i, e in units.items()}
-        self.ends = {e for op, e in self.ops.items() if not e.same_as(op)}
+        self.ends = {e for op, e in self.ops.items() if not e.same_as(op)} if self.outputs else set()
 
     def _range(self, var: relax.Expr) -> Range | None:
         return self.ranges.get(var.name) if isinstance(var, relax.Var) else None
@@ -284,7 +286,11 @@ class _Int8Mutator(relax.PyExprMutator):
         if var in self.ops and quantizes(value):
             end = self.ops[var]
             value = in_int8(
-                value, self._range(value.args[0]), self._range(var), self.levels, end.same_as(var)
+                value,
+                self._range(value.args[0]),
+                self._range(var),
+                self.levels,
+                self.outputs and end.same_as(var),
             )
         elif var in self.ends:
             value = unit_output(value, self._range(var))
@@ -297,21 +303,27 @@ class _Int8Mutator(relax.PyExprMutator):
 
 
 def function_in_int8(
-    func: relax.Function, ranges: Mapping[str, Range] | None = None, levels: int = INT8_LEVELS
+    func: relax.Function,
+    ranges: Mapping[str, Range] | None = None,
+    levels: int = INT8_LEVELS,
+    outputs: bool = True,
 ) -> relax.Function:
     """Every matmul and convolution of ``func`` that ``quantizes`` in QDQ form, in units
     (``int8_units``); ``ranges`` by variable name (the activation read, the unit's last value),
-    placeholders elsewhere."""
-    return _Int8Mutator(func, ranges or {}, levels).visit_expr(func)
+    placeholders elsewhere. ``outputs`` False: only the activations the ops read are quantized,
+    not the units' outputs (``partune.backends.Backend.int8_outputs``)."""
+    return _Int8Mutator(func, ranges or {}, levels, outputs).visit_expr(func)
 
 
-def quantize_int8(ranges: Mapping[str, Range] | None = None, levels: int = INT8_LEVELS):
+def quantize_int8(
+    ranges: Mapping[str, Range] | None = None, levels: int = INT8_LEVELS, outputs: bool = True
+):
     """``function_in_int8`` as a named TVM pass over every Relax function of a module."""
 
     @relax.transform.function_pass(opt_level=0, name="QuantizeInt8")
     def transform(
         func: relax.Function, _mod: tvm.IRModule, _ctx: tvm.transform.PassContext
     ) -> relax.Function:
-        return function_in_int8(func, ranges, levels)
+        return function_in_int8(func, ranges, levels, outputs)
 
     return transform

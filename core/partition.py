@@ -156,11 +156,13 @@ def _int8_bindings(
     params: list[relax.Var],
     exits: list[relax.Var],
     calibration: Calibration | None,
+    outputs: bool = True,
 ) -> list[relax.Binding]:
     """The bindings of ``nodes`` with their matmuls and convolutions in int8, unit by unit
     (``int8_units``, within the region), each activation quantized over its calibrated range
     (``n<i>``: binding i's value, ``p<i>``: the i-th parameter), but for the units the plan keeps
-    in f32; placeholders where the plan has no calibration."""
+    in f32; placeholders where the plan has no calibration. ``outputs`` False: the units'
+    outputs stay unquantized (``function_in_int8``)."""
     ranges = calibration.ranges if calibration is not None else {}
     kept = set(calibration.f32_units) if calibration is not None else set()
     name = {b.var: f"n{i}" for i, b in enumerate(bindings)} | {
@@ -172,14 +174,17 @@ def _int8_bindings(
         for op, end in int8_units(bindings, inside.__contains__, frozenset(exits)).items()
         if op not in kept
     }
-    ends = {e for op, e in units.items() if op in inside and e != op}
+    ends = {e for op, e in units.items() if op in inside and e != op} if outputs else set()
     out = []
     for n in nodes:
         b = bindings[n]
         if n in units:
             arg = b.value.args[0]
             value = in_int8(
-                b.value, ranges.get(name.get(arg, "")), ranges.get(f"n{n}"), unit_end=units[n] == n
+                b.value,
+                ranges.get(name.get(arg, "")),
+                ranges.get(f"n{n}"),
+                unit_end=outputs and units[n] == n,
             )
         elif n in ends:
             value = unit_output(b.value, ranges.get(f"n{n}"))
@@ -197,12 +202,15 @@ def apply(
     codegen_of: Callable[[str], str | None],
     prefix: str = "",
     bordered: Callable[[str], bool] = lambda backend: False,
+    int8_outputs: Callable[[str], bool] = lambda backend: True,
 ) -> tvm.IRModule:
     """Rewrite ``mod`` so each region runs on its plan's SEScope.
 
     ``codegen_of(backend)`` gives a backend's BYOC codegen name, or None for native TVM;
     ``bordered(backend)``: whether a native region of that backend keeps its borders (a
-    function of its own, see the module docstring). ``prefix`` makes the regions' global
+    function of its own, see the module docstring); ``int8_outputs(backend)``: whether its int8
+    regions quantize their units' outputs too (``partune.backends.Backend.int8_outputs``).
+    ``prefix`` makes the regions' global
     symbols unique per build. The plan must already be validated against ``graph``.
     """
     func = mod["main"]
@@ -243,7 +251,12 @@ def apply(
                 region_bindings = [bindings[n] for n in nodes]
                 if region.scope.compute_precision == INT8:
                     region_bindings = _int8_bindings(
-                        bindings, nodes, list(func.params), exits, plan.calibration
+                        bindings,
+                        nodes,
+                        list(func.params),
+                        exits,
+                        plan.calibration,
+                        int8_outputs(region.backend),
                     )
                     attrs[INT8_ATTR] = "calibrated"
                 lifted, args, rebuild = lift_region(region_bindings, exits, symbol, attrs)

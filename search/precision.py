@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 MAX_REPAIRS = 4  # plans measured while handing regions back, before all go back at once
 MAX_SENSITIVITIES = 8  # reduced regions whose errors alone are measured to order the repair
+# int8 units whose share of the error is measured (most estimated noise first): densenet's 37 took
+# 100 s a plan at 1 thread, and found the error spread over them all
+MAX_UNIT_PROBES = 16
 MAX_UNIT_STEPS = 5  # variants measured while handing int8 units back to f32
 AIM = 0.7  # of the budget: where the first variant handing units back aims its error
 
@@ -130,41 +133,55 @@ def unit_noises(s: SessionView, plan: Plan, units: list[int]) -> dict[int, float
     return noise
 
 
-def units_to_keep(order: list[int], noise: dict[int, float], share: float) -> int:
-    """How many of ``order``'s first units go back to f32 so that at most ``share`` of the units'
-    noise stays (all of them where no fewer do)."""
-    total = sum(noise.values())
-    left = total
+def units_to_revert(order: list[int], drops: dict[int, float], need: float) -> int:
+    """How many of ``order``'s first units go back to f32 for their ``drops`` to add up to
+    ``need`` (all of them where they never do)."""
+    removed = 0.0
     for k, u in enumerate(order):
-        if left <= share * total:
+        if removed >= need:
             return k
-        left -= noise[u]
+        removed += drops[u]
     return len(order)
+
+
+def unit_drops(s: SessionView, plan: Plan, units: list[int], whole: float, power: float):
+    """What ``plan``'s error, to the ``1 / power`` (``whole`` with every unit in int8), drops by
+    when each unit alone goes back to f32: measured for the ``MAX_UNIT_PROBES`` units of most
+    estimated noise (``unit_noises``), those whose noise the model most likely carries to its
+    outputs."""
+    noise = unit_noises(s, plan, units)
+    probed = sorted(units, key=lambda u: -noise.get(u, 0.0))[:MAX_UNIT_PROBES]
+    s.progress.start_phase("measure int8 units' shares of the error", len(probed))
+    drops: dict[int, float] = {}
+    for u in probed:
+        m = s.measure(keeping_f32(plan, [u]), f"sensitivity of unit {u}")
+        if m is not None and m.rel_error is not None:
+            drops[u] = whole - m.rel_error ** (1 / power)
+    return drops
 
 
 def repair_units(s: SessionView, plan: Plan, label: str, error: float) -> str | None:
     """Variants of an over-budget int8 ``plan`` that keep some of its units in f32 inside the
     same regions (no new borders), each measured; the label of the first within budget.
 
-    Every unit's noise is estimated without a run (``unit_noises``), and units go back in order
-    of FLOPs given up per unit of noise removed (``revert_order``; NNCF's accuracy control
-    reverts by sensitivity alone, measured one layer at a time). The plan's error is taken to
-    scale with the noise left (its square root, for the relative error; itself, for cosine), so
-    the first variant hands back what should bring it to ``AIM`` of the budget; each one
-    measured corrects that scale, up to ``MAX_UNIT_STEPS`` variants."""
+    A unit's share of the error is what the plan's error drops by when it alone stays in f32
+    (``unit_drops``; in squared relative error, where independent noises add; in cosine error as
+    it is), and units go back in order of FLOPs given up per unit of error removed
+    (``revert_order``; NNCF's accuracy control reverts by sensitivity alone). The first variant
+    hands back what the shares say brings the error to ``AIM`` of the budget; each one measured
+    rescales the shares by what it removed against what they promised, up to
+    ``MAX_UNIT_STEPS`` variants."""
     units = int8_units_of(s, plan)
     if plan.calibration is None or not units:
         return None
-    noise = {u: n for u, n in unit_noises(s, plan, units).items() if n > 0}
-    if not noise:
-        return None
-    order = revert_order({u: float(s.graph.nodes[u].flops) for u in noise}, noise)
-    power = 1.0 if s.options.metric == "cosine" else 0.5  # error ~ noise ** power
-    budget, kept, share = s.options.accuracy_budget, 0, 1.0
+    power = 1.0 if s.options.metric == "cosine" else 0.5  # noise adds in error ** (1 / power)
+    whole = error ** (1 / power)
+    drops = {u: d for u, d in unit_drops(s, plan, units, whole, power).items() if d > 0}
+    order = revert_order({u: float(s.graph.nodes[u].flops) for u in drops}, drops)
+    need = whole - (AIM * s.options.accuracy_budget) ** (1 / power)
+    scale, kept = 1.0, 0
     for _ in range(MAX_UNIT_STEPS):
-        # The noise left is ``share`` of it all at ``error``: so much more goes back.
-        share *= (AIM * budget / error) ** (1 / power)
-        k = max(units_to_keep(order, noise, share), kept + 1)
+        k = max(units_to_revert(order, drops, need / scale), kept + 1)
         if k > len(order):
             return None
         kept = k
@@ -175,10 +192,12 @@ def repair_units(s: SessionView, plan: Plan, label: str, error: float) -> str | 
         m = s.end_to_end(name, variant)
         if m.ok:
             return name
-        if m.rel_error is None or m.rel_error <= 0:
+        if m.rel_error is None:
             return None
-        left = sum(noise[u] for u in order[k:])
-        share, error = left / sum(noise.values()), m.rel_error
+        removed, promised = whole - m.rel_error ** (1 / power), sum(drops[u] for u in order[:k])
+        scale = max(removed, 0.0) / promised if promised > 0 else scale
+        if scale <= 0:
+            return None
     return None
 
 

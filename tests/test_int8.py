@@ -90,6 +90,28 @@ def test_the_rewrite_before_and_after():
     tvm.ir.assert_structural_equal(function_in_int8(got, ranges, 63), got)  # idempotent
 
 
+def test_the_rewrite_for_openvino_quantizes_only_what_the_ops_read():
+    """OpenVINO's form (``int8_outputs`` False, NNCF's placement): no quantization between a
+    matmul and what follows it."""
+    from partune.backends import registry
+
+    assert not registry.get("openvino").int8_outputs and registry.get("onnxruntime").int8_outputs
+    ranges = {"x": (-3.0, 3.0), "h": (-2.0, 5.0), "r": (0.0, 5.0), "y": (-1.0, 1.0)}
+    got = function_in_int8(_mlp(), ranges, levels=63, outputs=False)
+
+    x = relax.Var("x", relax.TensorType((4, 16), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(_qdq(x, ranges["x"]), _dq_weight(W1, 63)))
+            r = bb.emit(relax.op.nn.relu(h))
+            y = bb.emit(relax.op.matmul(_qdq(r, ranges["r"]), _dq_weight(W2, 63)))
+            g = bb.emit(relax.op.matmul(y, relax.op.permute_dims(y)))
+            out = bb.emit_output(relax.Tuple([y, g]))
+        bb.emit_func_output(out)
+    tvm.ir.assert_structural_equal(got, bb.get()["main"])
+
+
 def test_the_named_pass_runs_on_a_module():
     mod = tvm.IRModule({"main": _mlp()})
     with tvm.transform.PassContext(disabled_pass=["QuantizeInt8"]):
@@ -164,6 +186,15 @@ def test_a_plan_carries_its_ranges_and_its_int8_regions_use_them():
     assert text.count("R.quantize") == 4  # x, h (matmul 1), r, y (matmul 2)
     scale = np.float32(activation_qparams((-2.0, 2.0))[0])  # x's calibrated range
     assert str(scale)[:8] in text
+    inputs_only = apply(plan, mod, graph, lambda b: b, int8_outputs=lambda b: False)
+    assert (
+        sum(
+            f.script().count("R.quantize")
+            for gv, f in inputs_only.functions.items()
+            if gv.name_hint != "main"
+        )
+        == 2
+    )  # x and r: what the matmuls read
 
 
 def test_the_repair_hands_back_first_what_costs_least_speed_per_unit_of_error():
@@ -319,13 +350,13 @@ def test_a_units_estimated_noise_is_within_bounds_of_its_measured_int8_error():
     assert unit_noise(value, x, (2 * rng[0], 2 * rng[1])) > 2 * estimated
 
 
-def test_units_go_back_until_the_noise_left_is_the_share_asked():
-    from partune.search.precision import units_to_keep
+def test_units_go_back_until_their_drops_add_up_to_what_is_needed():
+    from partune.search.precision import units_to_revert
 
-    noise = {0: 0.5, 1: 0.3, 2: 0.15, 3: 0.05}
+    drops = {0: 0.5, 1: 0.3, 2: 0.15, 3: 0.05}
     order = [2, 0, 1, 3]
-    assert units_to_keep(order, noise, 1.0) == 0
-    assert units_to_keep(order, noise, 0.85) == 1  # 2 goes: 0.85 left
-    assert units_to_keep(order, noise, 0.35) == 2  # then 0: 0.35 left
-    assert units_to_keep(order, noise, 0.3) == 3  # 0.35 is still over: 1 goes too
-    assert units_to_keep(order, noise, 0.0) == 4
+    assert units_to_revert(order, drops, 0.0) == 0
+    assert units_to_revert(order, drops, 0.15) == 1
+    assert units_to_revert(order, drops, 0.65) == 2  # 2 and 0: 0.65
+    assert units_to_revert(order, drops, 0.7) == 3  # 0.65 is short: 1 goes too
+    assert units_to_revert(order, drops, 2.0) == 4
