@@ -65,11 +65,12 @@ class Backend(ABC):
     # Whether the backend runs a region's matmuls and convolutions on int8 kernels when they
     # come in QDQ form (``partune.core.int8``); a backend without it is never offered int8.
     int8: ClassVar[bool] = False
-    # Whether an int8 unit's output is quantized too (a whole QDQ unit: onnxruntime runs a matmul
-    # or convolution on int8 kernels only so), or only the activations its ops read (NNCF's
-    # placement for OpenVINO, whose low-precision transformations fuse the bias and activation
-    # after an int8 matmul only without a quantization between them).
-    int8_outputs: ClassVar[bool] = True
+    # Where its int8 regions quantize (``partune.core.int8``): whole QDQ units, outputs too
+    # (onnxruntime runs a matmul or convolution on int8 kernels only so), or NNCF's placement
+    # ("inputs": what the ops read, and attention's operands where they are made; OpenVINO's
+    # low-precision transformations fuse a matmul's bias and activation only without a
+    # quantization between them).
+    int8_placement: ClassVar[str] = "units"
     # Whether each region's kernel keeps a thread count of its own (a session's or compiled
     # model's setting), so that a scope on fewer threads than the job's is real; TVM's and
     # torch's thread pools are one per process, and are never offered such scopes.

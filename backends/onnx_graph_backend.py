@@ -128,7 +128,7 @@ class OnnxGraphBackend(Backend):
             raise BackendError(f"{self.name} has no {precision} path")
         if precision == "int8":  # QDQ form, compiled as it stands: the library's int8 kernels
             func = (
-                func if int8_ready(func) else function_in_int8(func, outputs=self.int8_outputs)
+                func if int8_ready(func) else function_in_int8(func, placement=self.int8_placement)
             )
             precision = "f32"
         entry = build_cache.current()

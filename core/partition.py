@@ -24,7 +24,15 @@ from tvm import relax
 
 from partune.core.bf16 import function_in_bf16, in_bf16
 from partune.core.graph import DataflowGraph, main_bindings
-from partune.core.int8 import INT8, in_int8, int8_units, unit_output
+from partune.core.int8 import (
+    INT8,
+    UNITS,
+    attention_sources,
+    in_int8,
+    int8_units,
+    source_output,
+    unit_output,
+)
 from partune.core.plan import Calibration, Plan, Region, region_order
 
 SCOPE_ATTR = "partune.scope"
@@ -156,13 +164,13 @@ def _int8_bindings(
     params: list[relax.Var],
     exits: list[relax.Var],
     calibration: Calibration | None,
-    outputs: bool = True,
+    placement: str = UNITS,
 ) -> list[relax.Binding]:
     """The bindings of ``nodes`` with their matmuls and convolutions in int8, unit by unit
     (``int8_units``, within the region), each activation quantized over its calibrated range
     (``n<i>``: binding i's value, ``p<i>``: the i-th parameter), but for the units the plan keeps
-    in f32; placeholders where the plan has no calibration. ``outputs`` False: the units'
-    outputs stay unquantized (``function_in_int8``)."""
+    in f32; placeholders where the plan has no calibration; where ``placement`` says
+    (``function_in_int8``)."""
     ranges = calibration.ranges if calibration is not None else {}
     kept = set(calibration.f32_units) if calibration is not None else set()
     name = {b.var: f"n{i}" for i, b in enumerate(bindings)} | {
@@ -174,7 +182,9 @@ def _int8_bindings(
         for op, end in int8_units(bindings, inside.__contains__, frozenset(exits)).items()
         if op not in kept
     }
+    outputs = placement == UNITS
     ends = {e for op, e in units.items() if op in inside and e != op} if outputs else set()
+    sources = set() if outputs else attention_sources(bindings, inside.__contains__)
     out = []
     for n in nodes:
         b = bindings[n]
@@ -188,9 +198,13 @@ def _int8_bindings(
             )
         elif n in ends:
             value = unit_output(b.value, ranges.get(f"n{n}"))
-        else:
+        elif n not in sources:
             out.append(b)
             continue
+        else:
+            value = b.value
+        if n in sources:
+            value = source_output(value, ranges.get(f"n{n}"))
         out.append(relax.VarBinding(b.var, value))
     return out
 
@@ -202,14 +216,14 @@ def apply(
     codegen_of: Callable[[str], str | None],
     prefix: str = "",
     bordered: Callable[[str], bool] = lambda backend: False,
-    int8_outputs: Callable[[str], bool] = lambda backend: True,
+    int8_placement: Callable[[str], str] = lambda backend: UNITS,
 ) -> tvm.IRModule:
     """Rewrite ``mod`` so each region runs on its plan's SEScope.
 
     ``codegen_of(backend)`` gives a backend's BYOC codegen name, or None for native TVM;
     ``bordered(backend)``: whether a native region of that backend keeps its borders (a
-    function of its own, see the module docstring); ``int8_outputs(backend)``: whether its int8
-    regions quantize their units' outputs too (``partune.backends.Backend.int8_outputs``).
+    function of its own, see the module docstring); ``int8_placement(backend)``: where its int8
+    regions quantize (``partune.backends.Backend.int8_placement``).
     ``prefix`` makes the regions' global
     symbols unique per build. The plan must already be validated against ``graph``.
     """
@@ -256,7 +270,7 @@ def apply(
                         list(func.params),
                         exits,
                         plan.calibration,
-                        int8_outputs(region.backend),
+                        int8_placement(region.backend),
                     )
                     attrs[INT8_ATTR] = "calibrated"
                 lifted, args, rebuild = lift_region(region_bindings, exits, symbol, attrs)

@@ -96,7 +96,7 @@ def partition_plan(
         lambda b: registry.get(b).codegen,
         prefix=prefix,
         bordered=lambda b: registry.get(b).autotuned,
-        int8_outputs=lambda b: registry.get(b).int8_outputs,
+        int8_placement=lambda b: registry.get(b).int8_placement,
     )
 
 

@@ -21,6 +21,7 @@ from tvm import relax
 from partune.core import (
     INT8_SCHEME,
     Calibration,
+    attention_sources,
     draw_like,
     int8_units,
     main_bindings,
@@ -87,6 +88,8 @@ def calibrated_tensors(func: relax.Function) -> dict[relax.Var, str]:
             out[arg] = name[arg]
         for k in unit_chain(bindings, i, end):
             out[bindings[k].var] = name[bindings[k].var]
+    for i in attention_sources(bindings):  # where OpenVINO's regions quantize attention
+        out[bindings[i].var] = name[bindings[i].var]
     return out
 
 

@@ -9,6 +9,7 @@ from partune.backends import relax_to_onnx
 from partune.backends.onnxruntime_backend import make_session
 from partune.core import Calibration, CompilationConfig, DataflowGraph, Plan, Region, plan_key
 from partune.core.int8 import (
+    INPUTS,
     INT8_LEVELS,
     PLACEHOLDER,
     activation_qparams,
@@ -91,13 +92,15 @@ def test_the_rewrite_before_and_after():
 
 
 def test_the_rewrite_for_openvino_quantizes_only_what_the_ops_read():
-    """OpenVINO's form (``int8_outputs`` False, NNCF's placement): no quantization between a
-    matmul and what follows it."""
+    """OpenVINO's form (``int8_placement`` "inputs", NNCF's): no quantization between a matmul
+    and what follows it (``y`` feeds the activation-by-activation matmul, but the function's
+    output too: it stays as it is)."""
     from partune.backends import registry
 
-    assert not registry.get("openvino").int8_outputs and registry.get("onnxruntime").int8_outputs
+    assert registry.get("openvino").int8_placement == INPUTS
+    assert registry.get("onnxruntime").int8_placement == "units"
     ranges = {"x": (-3.0, 3.0), "h": (-2.0, 5.0), "r": (0.0, 5.0), "y": (-1.0, 1.0)}
-    got = function_in_int8(_mlp(), ranges, levels=63, outputs=False)
+    got = function_in_int8(_mlp(), ranges, levels=63, placement=INPUTS)
 
     x = relax.Var("x", relax.TensorType((4, 16), "float32"))
     bb = relax.BlockBuilder()
@@ -110,6 +113,41 @@ def test_the_rewrite_for_openvino_quantizes_only_what_the_ops_read():
             out = bb.emit_output(relax.Tuple([y, g]))
         bb.emit_func_output(out)
     tvm.ir.assert_structural_equal(got, bb.get()["main"])
+
+
+def _attention() -> relax.Function:
+    """One head: q and k projected (bias added), k transposed, softmax, times v."""
+    x = relax.Var("x", relax.TensorType((4, 16), "float32"))
+    v = relax.Var("v", relax.TensorType((4, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, v]):
+        with bb.dataflow():
+            q = bb.emit(relax.op.add(relax.op.matmul(x, relax.const(W1)), relax.const(1.0)))
+            k = bb.emit(relax.op.matmul(x, relax.const(W1)))
+            kb = bb.emit(relax.op.add(k, relax.const(-1.0)))
+            kt = bb.emit(relax.op.permute_dims(kb))
+            p = bb.emit(relax.op.nn.softmax(relax.op.matmul(q, kt)))
+            out = bb.emit_output(relax.op.matmul(p, v))
+        bb.emit_func_output(out)
+    return bb.get()["main"]
+
+
+def test_attention_is_quantized_where_its_operands_are_made_for_openvino():
+    """NNCF's placement: the bias adds that make q and k (symmetric int8: they take both signs)
+    and the softmax (u8 from zero), back through k's transpose; v, a parameter, is not made here;
+    nothing of it under the units placement."""
+    from partune.core.int8 import attention_sources
+
+    func = _attention()
+    bindings = list(func.body.blocks[0].bindings)
+    made = sorted(bindings[i].value.op.name for i in attention_sources(bindings))
+    # q's and k's bias adds (k's behind its transpose), and the softmax of q @ kt
+    assert made == ["relax.add", "relax.add", "relax.nn.softmax"]
+    text = function_in_int8(func, placement=INPUTS).script()
+    assert text.count('out_dtype="int8"') == 2 and text.count('out_dtype="uint8"') == 3
+    again = function_in_int8(function_in_int8(func, placement=INPUTS), placement=INPUTS)
+    tvm.ir.assert_structural_equal(again, function_in_int8(func, placement=INPUTS))
+    assert 'out_dtype="int8"' not in function_in_int8(func).script()
 
 
 def test_the_named_pass_runs_on_a_module():
@@ -186,7 +224,7 @@ def test_a_plan_carries_its_ranges_and_its_int8_regions_use_them():
     assert text.count("R.quantize") == 4  # x, h (matmul 1), r, y (matmul 2)
     scale = np.float32(activation_qparams((-2.0, 2.0))[0])  # x's calibrated range
     assert str(scale)[:8] in text
-    inputs_only = apply(plan, mod, graph, lambda b: b, int8_outputs=lambda b: False)
+    inputs_only = apply(plan, mod, graph, lambda b: b, int8_placement=lambda b: INPUTS)
     assert (
         sum(
             f.script().count("R.quantize")
