@@ -202,7 +202,8 @@ def source_output(value: relax.Expr, rng: Range | None = None) -> relax.Expr:
 
 
 def _call_name(value: relax.Expr) -> str:
-    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else ""
+    call = isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+    return value.op.name if call else ""
 
 
 def attention_sources(
@@ -344,7 +345,8 @@ class _Int8Mutator(relax.PyExprMutator):
         )
         units = int8_units(bindings, outputs=outputs)
         self.ops = {bindings[i].var: bindings[e].var for i, e in units.items()}
-        self.ends = {e for op, e in self.ops.items() if not e.same_as(op)} if self.outputs else set()
+        ends = {e for op, e in self.ops.items() if not e.same_as(op)}
+        self.ends = ends if self.outputs else set()
         sources = attention_sources(bindings) if placement == INPUTS else set()
         self.sources = {bindings[i].var for i in sources}
 
