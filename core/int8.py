@@ -81,9 +81,9 @@ def quantizes(value: relax.Expr) -> bool:
     in 13.8 ms against 11.6 ms without (AVX-512 VNNI, 1 thread), and 11.1 against 5.9 ms on
     an AVX-VNNI EPYC. NNCF quantizes them where they are made instead (the projections' bias
     adds and the softmax, before the reshapes), symmetric int8 where signed: its file runs
-    4.2 ms there, 5.3-5.6 ms with those quantizers taken out. The same placement in this
-    rewrite ran 4.4-4.5 ms symmetric, 5.1 ms in u8: not done yet (ranges for those tensors
-    and a scheme of their own)."""
+    4.2 ms there, 5.3-5.6 ms with those quantizers taken out. OpenVINO's regions do the same
+    (``attention_sources``, ``source_output``: 4.4-4.6 ms); the matmuls themselves stay out
+    of the units."""
     if not (
         isinstance(value, relax.Call)
         and isinstance(value.op, tvm.ir.Op)
@@ -171,8 +171,9 @@ def unit_noise(
     rounding noise of its activation ``x`` over ``x_range``, of its weight per output channel,
     and of its unit's output ``y`` over ``y_range`` where given. Independent noises' relative
     powers add through a product, so this is the unit's share of a plan's error up to how the
-    rest of the model carries it (``partune.search.precision`` fits that on a measured plan).
-    It costs no run: NNCF's accuracy control and the search's per-unit probes cost one each."""
+    rest of the model carries it, which varies much (on densenet the error was no sum of these):
+    ``partune.search.precision`` measures the shares of the units of most noise first. It costs
+    no run."""
     _, _, axis, _ = _OPS[value.op.name]
     w = _weight(value.args[1])
     assert w is not None
@@ -212,9 +213,9 @@ def attention_sources(
     """The bindings (indices) that make the operands of matmuls of two activations (attention's
     scores and context), followed back through the reshapes and transposes that carry them to
     the matmul, each the only reader of the value before it (and the matmul the only reader of
-    what it makes): NNCF quantizes them there, where
-    OpenVINO folds the quantization into the op that makes the value (the projection's bias add,
-    the softmax). A value already quantized is left as it is."""
+    what it makes): NNCF quantizes them there, where OpenVINO folds the quantization into the op
+    that makes the value (the projection's bias add, the softmax). A value already quantized is
+    left as it is."""
     index = {b.var: i for i, b in enumerate(bindings)}
     readers: dict[relax.Var, int] = {}
     for b in bindings:
