@@ -55,8 +55,8 @@ def time_plans(
     from partune.core.plan import Plan
     from partune.frontend.models import load
     from partune.runners.builder import build_model_file, build_plan
-    from partune.runners.peers import model_onnx
     from partune.runners.timing import time_interleaved
+    from partune.search import model_file_data
 
     model = load(spec, _shapes(flags) or None)
     fns, same = {}, {}
@@ -68,7 +68,7 @@ def time_plans(
             continue
         same[label] = key
         built = (
-            build_model_file(plan, model_onnx(model), model.inputs, threads)
+            build_model_file(plan, model_file_data(model, plan.model_file), model.inputs, threads)
             if plan.model_file is not None
             else build_plan(plan, model.mod, model.graph)
         )

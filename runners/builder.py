@@ -122,10 +122,11 @@ def build_plan(plan: Plan, mod: tvm.IRModule, graph: DataflowGraph) -> BuiltMode
 def build_model_file(plan: Plan, data: bytes, inputs: list[np.ndarray], threads: int):
     """A model-file plan (``Plan.model_file``): the ONNX bytes it runs under its library, in
     its precision (``data``: the model's own file, or the file quantized from it where the plan
-    names a quantizer, ``partune.search.model_file_data``).
+    names a quantizer, ``partune.search.model_file_data``, which refuses any other file: the
+    one place that check is made).
 
     Returns a ``partune.backends.model_file.ModelFileRun`` (called and prepared like
-    ``BuiltModel``). A plan made for the user's file refuses any other file.
+    ``BuiltModel``).
     """
     from partune.backends import open_model_file
 
@@ -134,8 +135,6 @@ def build_model_file(plan: Plan, data: bytes, inputs: list[np.ndarray], threads:
         from partune.core import PlanError
 
         raise PlanError("not a model-file plan")
-    if file.quantizer is None:
-        check_source(file, data)
     return open_model_file(file.library, data, inputs, threads, file.precision)
 
 

@@ -38,9 +38,7 @@ def model_file_data(model: Model, file: ModelFile, options: TuneOptions | None =
             f"the plan's file was quantized by {file.quantized_with}, this machine has {here}: "
             "tune again here, or install that version"
         )
-    options = replace(
-        options or TuneOptions(), metric=file.metric, tolerance=file.tolerance, precision="int8"
-    )
+    options = replace(options or TuneOptions(), metric=file.metric, tolerance=file.tolerance)
     q = quantization_data(model, options)
     if q.digest != file.quantized_on:
         raise PlanError(
