@@ -17,6 +17,12 @@ CPU, its reduced-precision instruction set, the threads, the tolerance and the c
 
     python experiments/bench_precision.py [MODEL ...] [--tolerance 1e-2] [--threads 1|all]
     python experiments/bench_precision.py --held-out      # experiments/architectures.py HELD_OUT
+    python experiments/bench_precision.py --metric top1   # the classifiers, top-1 agreement
+
+``--metric top1`` judges the classifiers (``CLASSIFIERS``) as their users do, by top-1 agreement
+with f32, on seeded samples written as the user's own (``--calibration``/``--validation``
+files, drawn like the model's inputs): an agreement rate needs more rows than the two synthetic
+sets the default metric is judged on. It writes precision_top1.md.
 
 A run of some models replaces their rows in the .json and keeps the others'; each row says
 when and at which commit it was measured. The per-model stdout lands in precision/MODEL.txt.
@@ -69,6 +75,21 @@ REDUCED_PEERS = (
     "openvino bf16",
     "torch.compile bf16",
 )
+# The models whose first output is class logits, judged by top-1 agreement under --metric top1.
+CLASSIFIERS = (
+    "squeezenet1_1",
+    "mobilenet_v3_small",
+    "densenet",
+    "convnext-small",
+    "vit-small",
+    "inception",
+)
+CALIBRATION_SAMPLES = 16  # --metric top1: drawn like the model's inputs, seeds 100..
+VALIDATION_SAMPLES = 100  # seeds 1000..: one top-1 flip in 100 is the budget of 0.01
+METRIC_TEXT = {
+    "rel": "relative error vs f32, worst output",
+    "top1": f"top-1 disagreement with f32 over {VALIDATION_SAMPLES} validation samples",
+}
 STATS = re.compile(r"search ([\d.]+) s; candidates (\d+); measurements made (\d+)")
 
 
@@ -83,10 +104,39 @@ def _makeup(regions: list[dict]) -> dict[str, float]:
     return {k: (v / total if total else 1 / len(costs)) for k, v in costs.items()}
 
 
+def write_samples(spec: str, flags: list[str], folder: Path) -> list[str]:
+    """Seeded calibration and validation files for ``spec``, drawn like its inputs and saved as
+    a user saves theirs (one .npz per set, samples stacked on a leading axis per input name),
+    and the ``partune tune`` flags that pass them."""
+    import numpy as np
+
+    from partune.core import draw_like
+    from partune.frontend import load
+
+    shapes = {}
+    for name, dims in (f.split("=") for f in flags if "=" in f):
+        shapes[name] = tuple(int(d) for d in dims.split(","))
+    model = load(spec, shapes or None)
+    names = [p.name for p in model.mod["main"].params]
+    out = []
+    for kind, count, first in (
+        ("calibration", CALIBRATION_SAMPLES, 100),
+        ("validation", VALIDATION_SAMPLES, 1000),
+    ):
+        samples = [draw_like(model.inputs, seed) for seed in range(first, first + count)]
+        path = folder / f"{Path(spec).stem}.{kind}.npz"
+        np.savez(path, **{n: np.stack([s[i] for s in samples]) for i, n in enumerate(names)})
+        out += [f"--{kind}", str(path)]
+    return out
+
+
 def tune_int8(spec: str, flags: list[str], args, out: Path) -> dict:
     """One ``partune tune --precision int8`` run, read back from its plan and its stdout."""
     from partune.core import instruction_set
 
+    samples = []
+    if args.metric != "rel":
+        samples = [*write_samples(spec, flags, out.parent), "--metric", args.metric]
     cmd = [
         *(sys.executable, "-m", "partune.cli", "--threads", str(args.threads), *flags),
         *("tune", spec, "--backends", args.backends, "--storage", args.storage),
@@ -94,6 +144,7 @@ def tune_int8(spec: str, flags: list[str], args, out: Path) -> dict:
         *("--refine-trials", "8"),  # the default search's fixed work: the timeout only bounds it
         *("--precision", "int8", "--tolerance", str(args.tolerance), "-o", str(out)),
         *(("--retry-failed",) if args.retry_failed else ()),
+        *samples,
     ]
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -171,18 +222,18 @@ def _peer_cell(r: dict, prefix: str, tolerance: float) -> str:
     return f"{_ms(r['verdict'][peer])} ({error:.1e}{over})"
 
 
-def machine(threads: int, tolerance: float, isas: list[str]) -> str:
+def machine(threads: int, tolerance: float, isas: list[str], metric: str = "rel") -> str:
     from partune.core import cpu_name, instruction_set
 
     return (
         f"machine: {cpu_name()} ({os.cpu_count()} cores), instruction set **{instruction_set()}**; "
-        f"{threads} thread(s); tolerance {tolerance:g} (relative error vs f32, worst output); "
+        f"{threads} thread(s); tolerance {tolerance:g} ({METRIC_TEXT[metric]}); "
         f"commit {_commit()}. Rows by instruction set (the `measured` column): "
         + ", ".join(f"**{isa}**" for isa in isas)
     )
 
 
-def table(rows: list[dict], tolerance: float, threads: int) -> str:
+def table(rows: list[dict], tolerance: float, threads: int, metric: str = "rel") -> str:
     head = [
         "model",
         "emitted plan",
@@ -199,7 +250,7 @@ def table(rows: list[dict], tolerance: float, threads: int) -> str:
     ]
     isas = sorted({row_isa(r) for r in rows})
     lines = [
-        machine(threads, tolerance, isas),
+        machine(threads, tolerance, isas, metric),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" for _ in head) + "|",
@@ -268,12 +319,27 @@ PREAMBLE = (
     "under that library (no partitioned plan beat it)."
 )
 
+TOP1_NOTE = (
+    f" **Judged by top-1 agreement** (`--metric top1`): each classifier is tuned with "
+    f"`--calibration` ({CALIBRATION_SAMPLES} samples) and `--validation` "
+    f"({VALIDATION_SAMPLES} samples), seeded draws like its inputs written as .npz files; every "
+    "error here (plan and peers, NNCF's accuracy control included) is the share of validation "
+    "samples whose top-1 class differs from f32's, and the budget allows one in a hundred."
+)
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="*", help=f"default: {' '.join(DEFAULT_MODELS)}")
     p.add_argument("--backends", default="tvm,torch,onnxruntime,openvino")
     p.add_argument("--tolerance", type=float, default=1e-2)
+    p.add_argument(
+        "--metric",
+        choices=("rel", "top1"),
+        default="rel",
+        help="rel: every model on synthetic inputs; top1: the classifiers only, on "
+        f"{VALIDATION_SAMPLES} seeded validation samples (writes precision_top1.md)",
+    )
     p.add_argument(
         "--storage",
         help="measurement store (default: results/precision.db; with --held-out "
@@ -303,9 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     args.threads = os.cpu_count() or 1 if args.threads == "all" else int(args.threads)
     suffix = "_held_out" if args.held_out else ""
     cores = "" if args.threads == 1 else "_all_cores"
-    args.out = args.out or str(RESULTS / f"precision{suffix}{cores}.md")
+    metric = "" if args.metric == "rel" else f"_{args.metric}"
+    args.out = args.out or str(RESULTS / f"precision{suffix}{metric}{cores}.md")
     args.storage = args.storage or f"sqlite:///{RESULTS / f'precision{suffix}.db'}"
     models = list(HELD_OUT) if args.held_out else args.models or DEFAULT_MODELS
+    if args.metric == "top1":
+        if others := [m for m in args.models if m not in CLASSIFIERS]:
+            p.error(f"{', '.join(others)}: not a classifier; --metric top1 runs {CLASSIFIERS}")
+        models = [m for m in models if m in CLASSIFIERS]
     raw = Path(args.out).with_suffix(".json")
     raw.parent.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(raw.read_text()) if raw.exists() else []
@@ -316,14 +387,16 @@ def main(argv: list[str] | None = None) -> int:
             spec, flags = _export(name, Path(tmp), args.exporter) if exported else (name, [])
             rows.append(tune_int8(spec, flags, args, Path(tmp) / f"{name}.plan.json"))
             every = merged(earlier, rows)
-            text = table(every, args.tolerance, args.threads)
+            text = table(every, args.tolerance, args.threads, args.metric)
             print(f"\n{text}", flush=True)
             raw.write_text(json.dumps(every, indent=1))
+            budget = "relative-error" if args.metric == "rel" else "top-1 disagreement"
             Path(args.out).write_text(
-                f"# Mixed precision within a relative-error budget of {args.tolerance:g}"
+                f"# Mixed precision within a {budget} budget of {args.tolerance:g}"
                 + (" (held-out architectures)" if args.held_out else "")
                 + f"\n\n{args.threads} thread(s), "
                 + PREAMBLE.format(backends=args.backends, tol=args.tolerance)
+                + (TOP1_NOTE if args.metric == "top1" else "")
                 + f"\n\n{text}\n"
             )
     return 0
