@@ -51,12 +51,21 @@ def budgeted(m: Measurement, tolerance: float | None) -> Measurement:
             f"over the accuracy budget: relative error {m.rel_error:.2g} > {tolerance:.2g}"
         ),
         rel_error=m.rel_error,
+        best_s=m.best_s,  # what it ran in, for ``worth_repairing``; its cost_s stays inf
     )
 
 
 def overran(m: Measurement) -> bool:
     """Whether ``m`` (as ``budgeted`` gave it) failed for its error alone."""
     return not m.ok and m.rel_error is not None
+
+
+def worth_repairing(m: Measurement, fastest_s: float) -> bool:
+    """Whether an over-budget plan (``m`` as ``budgeted`` gave it) may still win once repaired:
+    handing its units or regions back to f32 does not make it faster, so one that already ran
+    slower than the fastest plan timed within budget (``fastest_s``) is left as it is, and its
+    repair's probes (16 end-to-end runs, then up to ``MAX_UNIT_STEPS`` variants) are saved."""
+    return overran(m) and (m.best_s is None or m.best_s < fastest_s)
 
 
 def _in_f32(s: SessionView, region: Region) -> Region:

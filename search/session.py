@@ -61,7 +61,7 @@ from partune.search.dp import Cover, NoCoverError, cheapest_cover, schedulable
 from partune.search.finalists import pick_finalists, refinement
 from partune.search.int8_calibration import calibrate_int8, calibration_samples, validation_for
 from partune.search.options import TuneOptions
-from partune.search.precision import budgeted, overran, repair
+from partune.search.precision import budgeted, repair, worth_repairing
 from partune.search.pruning import Optimism, features, prune
 from partune.search.result import Counts, Progress, TuneResult
 from partune.store import FIRST_POLL_S, POLL_S, MeasurementStore
@@ -525,7 +525,7 @@ class SearchSession:
             for label in self.result.plans
             if label == "partune dp" or label.endswith("-only (int8)")
         ]:
-            if overran(self.result.end_to_end[label]):
+            if worth_repairing(self.result.end_to_end[label], self.fastest_timed()):
                 repair(self, self.result.plans[label], label)
 
     def worth_timing(self, plans: dict[str, Plan]) -> dict[str, Plan]:

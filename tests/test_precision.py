@@ -24,7 +24,7 @@ from partune.runners.local import LocalRunner
 from partune.runners.timing import Measurement
 from partune.search.candidates import accepted_nodes
 from partune.search.collage import tune
-from partune.search.precision import budgeted
+from partune.search.precision import budgeted, worth_repairing
 from partune.store.measurements import MEMORY, MeasurementStore
 
 needs_bf16 = pytest.mark.skipif(
@@ -230,6 +230,15 @@ def test_a_plan_over_budget_is_a_failed_plan_with_its_error_kept():
     assert (
         "rel_error" not in Measurement(1.0, 0.0, 1.0, 1, 1).to_json()
     )  # f32 measurements read as before
+
+
+def test_only_an_over_budget_plan_faster_than_the_best_within_budget_is_repaired():
+    fast = budgeted(Measurement(1e-3, 0.0, 1e-3, 5, 1, best_s=1e-3, rel_error=0.02), 0.01)
+    assert fast.cost_s == float("inf") and fast.best_s == 1e-3  # failed, its time kept
+    assert worth_repairing(fast, 2e-3)  # int8 at 1 ms against f32 at 2 ms: repair may win
+    assert not worth_repairing(fast, 0.9e-3)  # already slower: f32 units make it slower still
+    within = Measurement(1e-3, 0.0, 1e-3, 5, 1, best_s=1e-3, rel_error=0.005)
+    assert not worth_repairing(budgeted(within, 0.01), 2e-3)  # nothing to repair
 
 
 # -- bf16 for real --------------------------------------------------------------------------
