@@ -14,7 +14,7 @@ region by region, those that cost least speed per unit of error handed back to f
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,6 +34,36 @@ MAX_SENSITIVITIES = 8  # reduced regions whose errors alone are measured to orde
 MAX_UNIT_PROBES = 16
 MAX_UNIT_STEPS = 5  # variants measured while handing int8 units back to f32
 AIM = 0.7  # of the budget: where the first variant handing units back aims its error
+# A metric that steps (top-1: a share of samples) barely moves when one unit or region goes back
+# to f32, so a repair's probes read a continuous one on the same samples in its stead.
+PROBE_METRICS = {"top1": "rel"}
+
+
+def probe_metric(metric: str) -> str:
+    """What a repair's probes measure for a search judged by ``metric``."""
+    return PROBE_METRICS.get(metric, metric)
+
+
+@dataclass(frozen=True)
+class NoiseScale:
+    """A repair's arithmetic: errors as the noise that adds up over independent units (squared
+    relative error; cosine error as it is), in the probes' metric.
+
+    ``per`` is the user's metric per unit of the probes' (1 where they are one metric): under
+    top-1 agreement, the share of flipped classes grows in proportion to the relative error
+    (classes flip where the error crosses the margin), at the rate the whole plan's two errors
+    give."""
+
+    power: float  # an error e adds over units as e ** (1 / power)
+    per: float = 1.0
+
+    @classmethod
+    def of(cls, probe: str, per: float = 1.0) -> NoiseScale:
+        return cls(1.0 if probe == "cosine" else 0.5, per)
+
+    def noise(self, error: float, probed: bool = False) -> float:
+        """The noise behind an error by the user's metric (``probed``: by the probes')."""
+        return (error if probed else error / self.per) ** (1 / self.power)
 
 
 def over_budget(m: Measurement, tolerance: float | None) -> bool:
@@ -81,11 +111,11 @@ def gain_s(s: SessionView, region: Region) -> float:
 
 
 def sensitivity(s: SessionView, plan: Plan, index: int) -> float | None:
-    """The error of ``plan``'s region ``index`` alone: the plan with that region as it is and
-    every other in f32, measured end to end (None where that failed to run)."""
+    """The error of ``plan``'s region ``index`` alone (by ``probe_metric``): the plan with that
+    region as it is and every other in f32, measured end to end (None where that failed)."""
     regions = tuple(r if i == index else _in_f32(s, r) for i, r in enumerate(plan.regions))
     alone = replace(plan, regions=regions, notes={**plan.notes, "kind": "sensitivity"})
-    m = s.measure(alone, f"sensitivity of region {index}")
+    m = s.measure(alone, f"sensitivity of region {index}", metric=probe_metric(s.options.metric))
     return m.rel_error if m is not None else None
 
 
@@ -153,19 +183,20 @@ def units_to_revert(order: list[int], drops: dict[int, float], need: float) -> i
     return len(order)
 
 
-def unit_drops(s: SessionView, plan: Plan, units: list[int], whole: float, power: float):
-    """What ``plan``'s error, to the ``1 / power`` (``whole`` with every unit in int8), drops by
-    when each unit alone goes back to f32: measured for the ``MAX_UNIT_PROBES`` units of most
+def unit_drops(s: SessionView, plan: Plan, units: list[int], whole: float, scale: NoiseScale):
+    """What ``plan``'s noise (``whole`` with every unit in int8) drops by when each unit alone
+    goes back to f32, in the probes' metric: measured for the ``MAX_UNIT_PROBES`` units of most
     estimated noise (``unit_noises``), those whose noise the model most likely carries to its
     outputs."""
     noise = unit_noises(s, plan, units)
     probed = sorted(units, key=lambda u: -noise.get(u, 0.0))[:MAX_UNIT_PROBES]
     s.progress.start_phase("measure int8 units' shares of the error", len(probed))
     drops: dict[int, float] = {}
+    probe = probe_metric(s.options.metric)
     for u in probed:
-        m = s.measure(keeping_f32(plan, [u]), f"sensitivity of unit {u}")
+        m = s.measure(keeping_f32(plan, [u]), f"sensitivity of unit {u}", metric=probe)
         if m is not None and m.rel_error is not None:
-            drops[u] = whole - m.rel_error ** (1 / power)
+            drops[u] = whole - scale.noise(m.rel_error, probed=True)
     return drops
 
 
@@ -173,24 +204,30 @@ def repair_units(s: SessionView, plan: Plan, label: str, error: float) -> str | 
     """Variants of an over-budget int8 ``plan`` that keep some of its units in f32 inside the
     same regions (no new borders), each measured; the label of the first within budget.
 
-    A unit's share of the error is what the plan's error drops by when it alone stays in f32
-    (``unit_drops``; in squared relative error, where independent noises add; in cosine error as
-    it is), and units go back in order of FLOPs given up per unit of error removed
-    (``revert_order``; NNCF's accuracy control reverts by sensitivity alone). The first variant
-    hands back what the shares say brings the error to ``AIM`` of the budget; each one measured
-    rescales the shares by what it removed against what they promised, up to
-    ``MAX_UNIT_STEPS`` variants."""
+    A unit's share of the error is what the plan's noise drops by when it alone stays in f32
+    (``unit_drops``, ``NoiseScale``), and units go back in order of FLOPs given up per unit of
+    noise removed (``revert_order``; NNCF's accuracy control reverts by sensitivity alone). The
+    first variant hands back what the shares say brings the error to ``AIM`` of the budget; each
+    one measured rescales the shares by what it removed against what they promised, up to
+    ``MAX_UNIT_STEPS`` variants. Under top-1 agreement the shares are read in relative error
+    (``probe_metric``), one more run of the whole plan giving the rate between the two."""
     units = int8_units_of(s, plan)
     if plan.calibration is None or not units:
         return None
-    power = 1.0 if s.options.metric == "cosine" else 0.5  # noise adds in error ** (1 / power)
-    whole = error ** (1 / power)
-    drops = {u: d for u, d in unit_drops(s, plan, units, whole, power).items() if d > 0}
+    probe = probe_metric(s.options.metric)
+    scale = NoiseScale.of(probe)
+    if probe != s.options.metric:
+        m = s.measure(plan, f"{label} ({probe} error)", metric=probe)
+        if m is None or not m.rel_error:
+            return None
+        scale = NoiseScale.of(probe, per=error / m.rel_error)
+    whole = scale.noise(error)
+    drops = {u: d for u, d in unit_drops(s, plan, units, whole, scale).items() if d > 0}
     order = revert_order({u: float(s.graph.nodes[u].flops) for u in drops}, drops)
-    need = whole - (AIM * s.options.accuracy_budget) ** (1 / power)
-    scale, kept = 1.0, 0
+    need = whole - scale.noise(AIM * s.options.accuracy_budget)
+    rate, kept = 1.0, 0  # noise each variant removed per unit the shares promised
     for _ in range(MAX_UNIT_STEPS):
-        k = max(units_to_revert(order, drops, need / scale), kept + 1)
+        k = max(units_to_revert(order, drops, need / rate), kept + 1)
         if k > len(order):
             return None
         kept = k
@@ -203,9 +240,10 @@ def repair_units(s: SessionView, plan: Plan, label: str, error: float) -> str | 
             return name
         if m.rel_error is None:
             return None
-        removed, promised = whole - m.rel_error ** (1 / power), sum(drops[u] for u in order[:k])
-        scale = max(removed, 0.0) / promised if promised > 0 else scale
-        if scale <= 0:
+        removed = whole - scale.noise(m.rel_error)
+        promised = sum(drops[u] for u in order[:k])
+        rate = max(removed, 0.0) / promised if promised > 0 else rate
+        if rate <= 0:
             return None
     return None
 

@@ -428,12 +428,21 @@ class SearchSession:
         return added
 
     def measure(
-        self, plan: Plan, label: str, fresh: bool = False, wait: bool = True
+        self,
+        plan: Plan,
+        label: str,
+        fresh: bool = False,
+        wait: bool = True,
+        metric: str | None = None,
     ) -> Measurement | None:
         """``plan`` end to end; ``fresh``: in a new worker process, so its peak memory is its own.
-        Without ``wait``, None when another worker is measuring it (come back for it)."""
+        Without ``wait``, None when another worker is measuring it (come back for it). ``metric``:
+        its error by another metric on the same validation samples, not held to the budget (a
+        repair's probe, ``partune.search.precision.probe_metric``)."""
         plan = self.with_ranges(plan)
         judged = self.validation if has_reduced(plan) else None
+        if judged is not None and metric is not None and metric != judged.metric:
+            judged = replace(judged, metric=metric)
         m, took = self.obtain(
             plan_key(plan)
             + (":fresh" if fresh else "")
@@ -449,9 +458,8 @@ class SearchSession:
         if m is None:
             return None
         self.counts.took(took, m.ok)
-        m = budgeted(
-            m, self.options.tolerance
-        )  # a plan beyond the accuracy budget is a failed plan
+        if metric is None:  # a plan beyond the accuracy budget is a failed plan
+            m = budgeted(m, self.options.tolerance)
         self.progress.advance(f"{label}: " + (f"{m.cost_s * 1e3:.3f} ms" if m.ok else "failed"))
         return m
 

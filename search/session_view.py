@@ -70,7 +70,12 @@ class SessionView(Protocol):
     def offer(self, label: str, plan: Plan, always: bool = False) -> bool: ...
 
     def measure(
-        self, plan: Plan, label: str, fresh: bool = False, wait: bool = True
+        self,
+        plan: Plan,
+        label: str,
+        fresh: bool = False,
+        wait: bool = True,
+        metric: str | None = None,
     ) -> Measurement | None: ...
 
     def end_to_end(self, label: str, plan: Plan) -> Measurement: ...

@@ -2,6 +2,7 @@
 libraries, the plan's calibrated ranges, and the order in which the repair hands regions back."""
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 
@@ -398,3 +399,18 @@ def test_units_go_back_until_their_drops_add_up_to_what_is_needed():
     assert units_to_revert(order, drops, 0.65) == 2  # 2 and 0: 0.65
     assert units_to_revert(order, drops, 0.7) == 3  # 0.65 is short: 1 goes too
     assert units_to_revert(order, drops, 2.0) == 4
+
+
+def test_a_top1_repair_probes_in_relative_error_scaled_to_the_flipped_share():
+    from partune.search.precision import NoiseScale, probe_metric
+
+    assert probe_metric("top1") == "rel"  # a share of flipped classes barely moves per unit
+    assert probe_metric("rel") == "rel" and probe_metric("cosine") == "cosine"
+    rel = NoiseScale.of("rel")
+    assert rel.noise(0.1) == pytest.approx(0.01)  # squared relative errors add
+    assert NoiseScale.of("cosine").noise(0.1) == pytest.approx(0.1)  # cosine errors add as is
+    # 9% of classes flipped where the relative error is 7.8%: 1% flipped is 0.87% relative
+    top1 = NoiseScale.of("rel", per=0.09 / 0.078)
+    assert top1.noise(0.09) == pytest.approx(0.078**2)
+    assert top1.noise(0.01) == pytest.approx((0.01 * 0.078 / 0.09) ** 2)
+    assert top1.noise(0.05, probed=True) == pytest.approx(0.05**2)  # a probe reads rel as is
