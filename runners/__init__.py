@@ -12,6 +12,7 @@ __all__ = [
     "BF16_PEERS",
     "BuildPool",
     "DEFAULT_PEERS",
+    "ERROR_NAMES",
     "INT8_PEERS",
     "LIBRARY_PEERS",
     "LocalRunner",
@@ -60,6 +61,7 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "accuracy": (
+            "ERROR_NAMES",
             "METRICS",
             "check_metric_fits",
             "cosine_error",

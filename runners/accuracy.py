@@ -126,6 +126,8 @@ def top1_disagreement(outputs: Sequence[np.ndarray], reference: Sequence[np.ndar
     return float("inf") if rows < 0 else differ / rows if rows else 0.0
 
 
+# What each metric's value is called where a person reads it.
+ERROR_NAMES = {"rel": "relative error", "cosine": "cosine error", "top1": "top-1 disagreement"}
 # Each ``(outputs, reference) -> float`` of one sample; smaller is better.
 METRICS: dict[str, Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], float]] = {
     "rel": relative_error,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from partune.core import int8_units, main_bindings, quantizes, unit_noise
-from partune.runners import Measurement, has_reduced
+from partune.runners import ERROR_NAMES, Measurement, has_reduced
 from partune.search.int8_calibration import calibrated_tensors
 
 if TYPE_CHECKING:
@@ -72,14 +72,14 @@ def over_budget(m: Measurement, tolerance: float | None) -> bool:
     )
 
 
-def budgeted(m: Measurement, tolerance: float | None) -> Measurement:
-    """``m`` as the search sees it: a failure when its plan strays beyond ``tolerance``."""
+def budgeted(m: Measurement, tolerance: float | None, metric: str = "rel") -> Measurement:
+    """``m`` as the search sees it: a failure when its plan strays beyond ``tolerance`` (its
+    error by ``metric``)."""
     if not over_budget(m, tolerance):
         return m
+    name = ERROR_NAMES.get(metric, metric)
     return replace(
-        Measurement.failed(
-            f"over the accuracy budget: relative error {m.rel_error:.2g} > {tolerance:.2g}"
-        ),
+        Measurement.failed(f"over the accuracy budget: {name} {m.rel_error:.2g} > {tolerance:.2g}"),
         rel_error=m.rel_error,
         best_s=m.best_s,  # what it ran in, for ``worth_repairing``; its cost_s stays inf
     )

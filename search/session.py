@@ -459,7 +459,7 @@ class SearchSession:
             return None
         self.counts.took(took, m.ok)
         if metric is None:  # a plan beyond the accuracy budget is a failed plan
-            m = budgeted(m, self.options.tolerance)
+            m = budgeted(m, self.options.tolerance, self.options.metric)
         self.progress.advance(f"{label}: " + (f"{m.cost_s * 1e3:.3f} ms" if m.ok else "failed"))
         return m
 

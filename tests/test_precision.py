@@ -227,6 +227,8 @@ def test_a_plan_over_budget_is_a_failed_plan_with_its_error_kept():
     assert budgeted(m, 0.05) is m and budgeted(m, None) is m
     over = budgeted(m, 0.01)
     assert not over.ok and "over the accuracy budget" in over.error and over.rel_error == 0.02
+    assert "relative error 0.02 > 0.01" in over.error
+    assert "top-1 disagreement 0.02 > 0.01" in budgeted(m, 0.01, "top1").error  # as judged
     assert (
         "rel_error" not in Measurement(1.0, 0.0, 1.0, 1, 1).to_json()
     )  # f32 measurements read as before
