@@ -10,6 +10,8 @@ emitted plan). An over-budget plan is repaired (``repair``): first unit by unit,
 int8 matmuls and convolutions in f32 inside the same regions (no new borders; NNCF's accuracy
 control does this by sensitivity alone, here by FLOPs given up per unit of error removed), then
 region by region, those that cost least speed per unit of error handed back to f32 first.
+Where the budget leaves little of the plan's noise, the units are taken the other way: each
+one's error alone is measured and int8 is kept where it buys most FLOPs per unit of noise.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ MAX_SENSITIVITIES = 8  # reduced regions whose errors alone are measured to orde
 # 100 s a plan at 1 thread, and found the error spread over them all
 MAX_UNIT_PROBES = 16
 MAX_UNIT_STEPS = 5  # variants measured while handing int8 units back to f32
+# Where the budget leaves less than this share of the whole plan's noise, the repair builds the
+# int8 set up from f32 instead (``build_up_units``): shares measured by taking one unit out of
+# a plan whose noise must nearly all go are differences of two near-equal errors.
+BUILD_UP_BELOW = 0.5
+# int8 units whose error alone is measured when building up (most FLOPs first): a random-weight
+# ResNet-50's 54 convolutions ranged 1.7e-3 to 1.5e-1 alone, so the few that carry the noise
+# must be found among all of them.
+MAX_ALONE_PROBES = 64
 AIM = 0.7  # of the budget: where the first variant handing units back aims its error
 # A metric that steps (top-1: a share of samples) barely moves when one unit or region goes back
 # to f32, so a repair's probes read a continuous one on the same samples in its stead.
@@ -200,6 +210,67 @@ def unit_drops(s: SessionView, plan: Plan, units: list[int], whole: float, scale
     return drops
 
 
+def alone_noises(s: SessionView, plan: Plan, units: list[int], scale: NoiseScale):
+    """Each unit's noise with it alone in int8 and every other of ``units`` in f32, in the probes'
+    metric: measured for the ``MAX_ALONE_PROBES`` units of most FLOPs (what int8 could save)."""
+    flops = {u: float(s.graph.nodes[u].flops) for u in units}
+    probed = sorted(units, key=lambda u: -flops[u])[:MAX_ALONE_PROBES]
+    s.progress.start_phase("measure int8 units' errors alone", len(probed))
+    probe, noises = probe_metric(s.options.metric), {}
+    for u in probed:
+        others = [v for v in units if v != u]
+        m = s.measure(keeping_f32(plan, others), f"int8 unit {u} alone", metric=probe)
+        if m is not None and m.rel_error is not None:
+            noises[u] = scale.noise(m.rel_error, probed=True)
+    return noises
+
+
+def units_within(order: list[int], noises: dict[int, float], allowed: float) -> list[int]:
+    """The units of ``order`` (best first) taken while their noises add up to at most
+    ``allowed``; one that does not fit is passed over for the next (a greedy knapsack)."""
+    chosen, total = [], 0.0
+    for u in order:
+        if total + noises[u] <= allowed:
+            chosen.append(u)
+            total += noises[u]
+    return chosen
+
+
+def build_up_units(
+    s: SessionView, plan: Plan, label: str, units: list[int], scale: NoiseScale
+) -> str | None:
+    """Variants of an over-budget int8 ``plan`` that keep only some of its units in int8, for a
+    plan whose noise must nearly all go: each unit's noise alone (``alone_noises``), the units
+    of most FLOPs per unit of noise taken while their noises add up to ``AIM`` of the budget
+    (noises of independent units add), each measured; the label of the first within budget. A
+    variant over budget scales the next one's allowance by what it measured against what its
+    units promised, up to ``MAX_UNIT_STEPS`` variants."""
+    noises = alone_noises(s, plan, units, scale)
+    flops = {u: float(s.graph.nodes[u].flops) for u in noises}
+    order = sorted(noises, key=lambda u: -flops[u] / noises[u] if noises[u] > 0 else -np.inf)
+    allowed = scale.noise(AIM * s.options.accuracy_budget)
+    last: list[int] = []
+    for _ in range(MAX_UNIT_STEPS):
+        chosen = units_within(order, noises, allowed)
+        if last and set(chosen) >= set(last):
+            chosen = last[:-1]  # the allowance did not shrink the set: give up its last unit
+        if not chosen:
+            return None
+        last = chosen
+        name = f"{label} (int8 in {len(chosen)} of {len(units)} units)"
+        variant = keeping_f32(plan, [u for u in units if u not in chosen])
+        if not s.offer(name, variant):
+            continue
+        m = s.end_to_end(name, variant)
+        if m.ok:
+            return name
+        if m.rel_error is None:
+            return None
+        promised = sum(noises[u] for u in chosen)
+        allowed *= promised / scale.noise(m.rel_error) if m.rel_error > 0 else 1.0
+    return None
+
+
 def repair_units(s: SessionView, plan: Plan, label: str, error: float) -> str | None:
     """Variants of an over-budget int8 ``plan`` that keep some of its units in f32 inside the
     same regions (no new borders), each measured; the label of the first within budget.
@@ -222,6 +293,8 @@ def repair_units(s: SessionView, plan: Plan, label: str, error: float) -> str | 
             return None
         scale = NoiseScale.of(probe, per=error / m.rel_error)
     whole = scale.noise(error)
+    if scale.noise(AIM * s.options.accuracy_budget) < BUILD_UP_BELOW * whole:
+        return build_up_units(s, plan, label, units, scale)
     drops = {u: d for u, d in unit_drops(s, plan, units, whole, scale).items() if d > 0}
     order = revert_order({u: float(s.graph.nodes[u].flops) for u in drops}, drops)
     need = whole - scale.noise(AIM * s.options.accuracy_budget)

@@ -69,6 +69,8 @@ from partune.store import FIRST_POLL_S, POLL_S, MeasurementStore
 # Candidates are timed briefly (many of them); whole plans by the full protocol.
 CANDIDATE_PROTOCOL = {"warmup": 1, "warmup_ms": 10.0, "repeat": 5, "min_repeat_ms": 10.0}
 PLAN_PROTOCOL = {"warmup": 2, "warmup_ms": 100.0, "repeat": 11, "min_repeat_ms": 50.0}
+# A repair's probe is read for its error alone: one timed call, not the 0.7 s of a contender's.
+PROBE_PROTOCOL = {"warmup": 1, "warmup_ms": 0.0, "repeat": 1, "min_repeat_ms": 0.0}
 # A native-only plan or a refinement variant whose measured regions add up to this many times
 # the fastest plan timed is not timed: untuned TVM ran a BERT-768 in 5.9 s (27 ms the best), 83 s
 # of a 10-minute search.
@@ -437,20 +439,21 @@ class SearchSession:
     ) -> Measurement | None:
         """``plan`` end to end; ``fresh``: in a new worker process, so its peak memory is its own.
         Without ``wait``, None when another worker is measuring it (come back for it). ``metric``:
-        its error by another metric on the same validation samples, not held to the budget (a
-        repair's probe, ``partune.search.precision.probe_metric``)."""
+        its error by that metric on the same validation samples, not held to the budget and
+        timed once (a repair's probe, ``partune.search.precision.probe_metric``; stored apart
+        from the plan's own measurement)."""
         plan = self.with_ranges(plan)
         judged = self.validation if has_reduced(plan) else None
         if judged is not None and metric is not None and metric != judged.metric:
             judged = replace(judged, metric=metric)
+        protocol = PLAN_PROTOCOL if metric is None else PROBE_PROTOCOL
         m, took = self.obtain(
             plan_key(plan)
             + (":fresh" if fresh else "")
-            + (f":judged:{judged.digest}" if judged else ""),
+            + (f":judged:{judged.digest}" if judged else "")
+            + ("" if metric is None else ":probe"),
             lambda: self.runner.run(
-                plan_request(
-                    self.module_file, plan, self.model.inputs, PLAN_PROTOCOL, fresh, judged
-                )
+                plan_request(self.module_file, plan, self.model.inputs, protocol, fresh, judged)
             ),
             f"{self.model.name} {label}",
             wait=wait,

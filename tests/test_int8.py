@@ -414,3 +414,84 @@ def test_a_top1_repair_probes_in_relative_error_scaled_to_the_flipped_share():
     assert top1.noise(0.09) == pytest.approx(0.078**2)
     assert top1.noise(0.01) == pytest.approx((0.01 * 0.078 / 0.09) ** 2)
     assert top1.noise(0.05, probed=True) == pytest.approx(0.05**2)  # a probe reads rel as is
+
+
+def test_units_are_taken_best_first_while_their_noises_fit_the_allowance():
+    from partune.search.precision import units_within
+
+    noises = {0: 4.0, 1: 1.0, 2: 2.0, 3: 0.5}
+    assert units_within([1, 0, 2, 3], noises, 3.6) == [1, 2, 3]  # 0 does not fit: passed over
+    assert units_within([1, 0, 2, 3], noises, 0.4) == []
+    assert units_within([0, 1], noises, 10.0) == [0, 1]
+
+
+class _UnitsView:
+    """A SessionView for the build-up repair: a plan's relative error is ``interaction`` times
+    the root of the squared errors of the units it keeps in int8 (noises of independent units
+    add), each unit's error alone being ``alone``."""
+
+    def __init__(self, alone: dict[int, float], flops: dict[int, int], interaction: float = 1.0):
+        from types import SimpleNamespace
+
+        self.alone, self.interaction = alone, interaction
+        nodes = {u: SimpleNamespace(flops=f) for u, f in flops.items()}
+        self.graph = SimpleNamespace(nodes=nodes)
+        self.options = SimpleNamespace(metric="rel", accuracy_budget=0.01)
+        self.progress = SimpleNamespace(start_phase=lambda *a: None)
+        self.probes: list[str] = []
+        self.variants: dict[str, float] = {}
+
+    def error(self, plan: Plan) -> float:
+        int8 = [u for u in self.alone if u not in plan.calibration.f32_units]
+        return self.interaction * float(np.sqrt(sum(self.alone[u] ** 2 for u in int8)))
+
+    def measure(self, plan: Plan, label: str, metric: str | None = None):
+        from partune.runners import Measurement
+
+        self.probes.append(label)
+        return Measurement(1e-3, 0.0, 1e-3, 1, 1, rel_error=self.error(plan) / self.interaction)
+
+    def offer(self, label: str, plan: Plan) -> bool:
+        return True
+
+    def end_to_end(self, label: str, plan: Plan):
+        from partune.runners import Measurement
+        from partune.search.precision import budgeted
+
+        self.variants[label] = err = self.error(plan)
+        return budgeted(Measurement(1e-3, 0.0, 1e-3, 5, 1, rel_error=err), 0.01)
+
+
+@pytest.mark.parametrize("interaction", [1.0, 1.6])
+def test_the_build_up_repair_keeps_int8_where_flops_per_noise_are_highest(interaction):
+    """A plan whose int8 noise must nearly all go (the early, sensitive units of a deep network
+    carry most of it): the repair measures every unit alone and keeps in int8 the units of most
+    FLOPs per unit of noise that fit the budget; where the units' noises add up to more than
+    their sum (``interaction``), the next variant's allowance shrinks by what was measured."""
+    from partune.search.precision import NoiseScale, build_up_units
+
+    alone = {0: 0.05, 1: 0.02, 2: 0.004, 3: 0.004, 4: 0.003, 5: 0.002}
+    flops = {0: 100, 1: 100, 2: 50, 3: 10, 4: 40, 5: 5}
+    s = _UnitsView(alone, flops, interaction)
+    config = CompilationConfig.for_cpu(["tvm"])
+    plan = Plan("m", "f", config, (), calibration=Calibration("d"))
+    label = build_up_units(s, plan, "int8 plan", list(alone), NoiseScale.of("rel"))
+    assert label is not None and s.variants[label] <= 0.01
+    assert len(s.probes) == len(alone)  # each unit's error alone, once
+    # By FLOPs per noise 4, 2, 5, 3, 1, 0: the first four fit (0.7 * 0.01) ** 2; 1 and 0 do not.
+    first = next(iter(s.variants))
+    assert first == "int8 plan (int8 in 4 of 6 units)"
+    if interaction == 1.0:
+        assert list(s.variants) == [first]
+    else:  # 1.6x what the four promised: the allowance shrinks to fit 4 and 5 alone
+        assert list(s.variants) == [first, "int8 plan (int8 in 2 of 6 units)"]
+
+
+def test_a_probe_is_timed_by_one_call_after_one_warm_up():
+    """A repair's probe is read for its error: two calls of the plan, not a contender's 0.7 s."""
+    from partune.runners.timing import Protocol, time_callable
+    from partune.search.session import PROBE_PROTOCOL
+
+    calls = []
+    m = time_callable(lambda: calls.append(1), Protocol(**PROBE_PROTOCOL))
+    assert m.ok and len(calls) == 2 and m.repeats == 1
