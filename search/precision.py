@@ -210,7 +210,9 @@ def unit_drops(s: SessionView, plan: Plan, units: list[int], whole: float, scale
     return drops
 
 
-def alone_noises(s: SessionView, plan: Plan, units: list[int], scale: NoiseScale):
+def alone_noises(
+    s: SessionView, plan: Plan, units: list[int], scale: NoiseScale
+) -> dict[int, float]:
     """Each unit's noise with it alone in int8 and every other of ``units`` in f32, in the probes'
     metric: measured for the ``MAX_ALONE_PROBES`` units of most FLOPs (what int8 could save)."""
     flops = {u: float(s.graph.nodes[u].flops) for u in units}
