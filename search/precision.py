@@ -268,8 +268,8 @@ def build_up_units(
             return name
         if m.rel_error is None:
             return None
-        promised = sum(noises[u] for u in chosen)
-        allowed *= promised / scale.noise(m.rel_error) if m.rel_error > 0 else 1.0
+        # Over budget, so its error is above a tolerance above 0 (``tune`` refuses others).
+        allowed *= sum(noises[u] for u in chosen) / scale.noise(m.rel_error)
     return None
 
 
