@@ -144,6 +144,7 @@ def tune_int8(spec: str, flags: list[str], args, out: Path) -> dict:
         *("--refine-trials", "8"),  # the default search's fixed work: the timeout only bounds it
         *("--precision", "int8", "--tolerance", str(args.tolerance), "-o", str(out)),
         *(("--retry-failed",) if args.retry_failed else ()),
+        *(("--peers", args.peers) if args.peers else ()),
         *samples,
     ]
     start = time.monotonic()
@@ -359,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         help="take stored failures again (a peer that failed before a fix)",
     )
     p.add_argument("--exporter", choices=("legacy", "dynamo"), default="legacy")
+    p.add_argument(
+        "--peers",
+        help="partune tune's --peers (default: its own, with every int8 peer of the libraries); "
+        "naming int8 peers times exactly those, e.g. to leave out NNCF's accuracy control on "
+        "a model where it runs for hours (the report says which peers ran)",
+    )
     args = p.parse_args(argv)
     from experiments.architectures import HELD_OUT
 
@@ -397,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
                 + f"\n\n{args.threads} thread(s), "
                 + PREAMBLE.format(backends=args.backends, tol=args.tolerance)
                 + (TOP1_NOTE if args.metric == "top1" else "")
+                + (f" Peers named for this run: {args.peers}." if args.peers else "")
                 + f"\n\n{text}\n"
             )
     return 0

@@ -344,8 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the tools you would use instead, timed against the finalist plans in one "
         "process, interleaved: onnxruntime and openvino (f32, latency, same threads) on "
         "your ONNX file (or a torch.onnx.export, or the Relax module's ONNX translation), "
-        "torch.compile, torch; 'none' to skip. When a library on your file beats every "
-        "partitioned plan, that is the plan emitted (default onnxruntime,openvino,torch.compile)",
+        "torch.compile, torch; 'none' to skip. With --precision bf16 or int8 their bf16 and "
+        "int8 peers come too ('openvino bf16', 'onnxruntime int8', 'openvino int8', "
+        "'openvino int8 accuracy-control'), unless you name some of them: then exactly "
+        "those (NNCF's accuracy control can take hours). When a library on your file beats "
+        "every partitioned plan, that is the plan emitted (default "
+        "onnxruntime,openvino,torch.compile)",
     )
     t.add_argument(
         "--shapes",

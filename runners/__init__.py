@@ -44,6 +44,7 @@ __all__ = [
     "peer_kind",
     "peer_label",
     "peer_specs",
+    "peers_at",
     "plan_request",
     "quantize_file",
     "quantizer_version",
@@ -109,6 +110,7 @@ __getattr__, __dir__ = lazy_exports(
             "peer_kind",
             "peer_label",
             "peer_specs",
+            "peers_at",
         ),
         "protocol": ("Validation",),
         "rpc": (

@@ -192,6 +192,20 @@ def peer_kind(label: str) -> str | None:
     )
 
 
+def peers_at(named: tuple[str, ...], precisions: tuple[str, ...]) -> tuple[str, ...]:
+    """The peer kinds to time for the peers a user ``named`` when plans may take
+    ``precisions``: with bf16 (int8) on offer, the bf16 (int8) peers of the libraries named
+    come too, unless the user named peers of that precision themselves; then exactly those.
+    (NNCF's accuracy control re-ranks every quantizer group, one OpenVINO compile each, after
+    each revert that does not help: hours on a model with a hundred groups, so a user may
+    leave it out by naming the int8 peers they want.)"""
+    extra: tuple[str, ...] = ()
+    for precision, group in (("bf16", BF16_PEERS), ("int8", INT8_PEERS)):
+        if precision in precisions and not set(group) & set(named):
+            extra += tuple(p for p in group if p.split()[0] in named)
+    return named + extra
+
+
 def available_peers(model, wanted: tuple[str, ...]) -> tuple[str, ...]:
     """The peer kinds of ``wanted`` that ``model`` can have at all (torch needs the module)."""
     return tuple(

@@ -36,6 +36,7 @@ from partune.runners import (
     peer_kind,
     peer_label,
     peer_specs,
+    peers_at,
 )
 from partune.search.int8_calibration import quantization_data
 from partune.search.model_file_recipe import quantized_model_file
@@ -106,13 +107,8 @@ def refine_study_name(
 
 def _wanted(s: SessionView) -> tuple[str, ...]:
     """The peers of the verdict: those asked for that the model can have (with bf16 or int8 on
-    offer, the bf16 and int8 peers of the libraries asked for too)."""
-    reduced = (BF16_PEERS if "bf16" in s.config.precisions else ()) + (
-        INT8_PEERS if "int8" in s.config.precisions else ()
-    )
-    return available_peers(
-        s.model, s.options.peers + tuple(p for p in reduced if p.split()[0] in s.options.peers)
-    )
+    offer, the bf16 and int8 peers of the libraries asked for too, ``peers_at``)."""
+    return available_peers(s.model, peers_at(s.options.peers, s.config.precisions))
 
 
 def _verdict_key(s: SessionView, finalists: dict[str, Plan], wanted: tuple[str, ...]) -> str:

@@ -8,7 +8,13 @@ import pytest
 
 from partune.backends import open_model_file
 from partune.runners.accuracy import metric_error
-from partune.runners.int8_peers import QuantizationData, nncf_accuracy_control, nncf_int8
+from partune.runners.int8_peers import (
+    ACCURACY_CONTROL,
+    INT8_PEERS,
+    QuantizationData,
+    nncf_accuracy_control,
+    nncf_int8,
+)
 from tests.model_files import write_onnx
 
 
@@ -43,3 +49,20 @@ def test_accuracy_control_reverts_layers_until_the_budget_holds(f32):
     assert _error(kept, f32, tight) <= tight.tolerance
     assert _quantizers(kept) < _quantizers(whole)  # by reverting layers to f32
     assert _quantizers(nncf_accuracy_control(f32, loose)) == _quantizers(whole)  # nothing to give
+
+
+def test_the_reduced_peers_come_with_their_library_unless_some_are_named():
+    from partune.runners import peers_at
+
+    libraries = ("onnxruntime", "openvino")
+    assert peers_at(libraries, ("f32",)) == libraries
+    assert set(peers_at(libraries, ("f32", "int8"))) == {*libraries, *INT8_PEERS}
+    assert set(peers_at(("openvino",), ("f32", "bf16", "int8"))) == {
+        "openvino",
+        "openvino bf16",
+        "openvino int8",
+        ACCURACY_CONTROL,
+    }
+    named = (*libraries, "onnxruntime int8", "openvino int8")  # accuracy control left out
+    assert peers_at(named, ("f32", "int8")) == named
+    assert set(peers_at(named, ("f32", "bf16", "int8"))) == {*named, "openvino bf16"}
