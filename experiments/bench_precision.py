@@ -404,7 +404,11 @@ def main(argv: list[str] | None = None) -> int:
                 + f"\n\n{args.threads} thread(s), "
                 + PREAMBLE.format(backends=args.backends, tol=args.tolerance)
                 + (TOP1_NOTE if args.metric == "top1" else "")
-                + (f" Peers named for this run: {args.peers}." if args.peers else "")
+                + (
+                    f" Peers named for this run: {args.peers}; one not named is not timed (-)."
+                    if args.peers
+                    else ""
+                )
                 + f"\n\n{text}\n"
             )
     return 0
