@@ -216,13 +216,22 @@ def attention_sources(
     what it makes): NNCF quantizes them there, where OpenVINO folds the quantization into the op
     that makes the value (the projection's bias add, the softmax). A value already quantized is
     left as it is."""
+    return set(attention_operands(bindings, inside))
+
+
+def attention_operands(
+    bindings: Sequence[relax.Binding], inside: Callable[[int], bool] = lambda _: True
+) -> dict[int, int]:
+    """``attention_sources``, each with the matmul it feeds (its index): that matmul runs in
+    int8 when its operands are quantized where they are made, so it is the unit a plan keeps in
+    f32 (``Calibration.f32_units``) to leave them unquantized."""
     index = {b.var: i for i, b in enumerate(bindings)}
     readers: dict[relax.Var, int] = {}
     for b in bindings:
         for v in _reads(b.value):
             readers[v] = readers.get(v, 0) + 1
-    sources: set[int] = set()
-    for b in bindings:
+    sources: dict[int, int] = {}
+    for m, b in enumerate(bindings):
         v = b.value
         if _call_name(v) != "relax.matmul" or quantizes(v) or not all(_f32(a) for a in v.args):
             continue
@@ -242,7 +251,7 @@ def attention_sources(
                 and readers.get(bindings[i].var) == 1  # no other reader sees it quantized
                 and _call_name(bindings[i].value) != "relax.dequantize"
             ):
-                sources.add(i)
+                sources[i] = m
     return sources
 
 

@@ -27,7 +27,7 @@ from partune.core.graph import DataflowGraph, main_bindings
 from partune.core.int8 import (
     INT8,
     UNITS,
-    attention_sources,
+    attention_operands,
     in_int8,
     int8_units,
     source_output,
@@ -169,8 +169,8 @@ def _int8_bindings(
     """The bindings of ``nodes`` with their matmuls and convolutions in int8, unit by unit
     (``int8_units``, within the region), each activation quantized over its calibrated range
     (``n<i>``: binding i's value, ``p<i>``: the i-th parameter), but for the units the plan keeps
-    in f32; placeholders where the plan has no calibration; where ``placement`` says
-    (``function_in_int8``)."""
+    in f32 (an attention matmul kept so leaves its operands unquantized); placeholders where the
+    plan has no calibration; where ``placement`` says (``function_in_int8``)."""
     ranges = calibration.ranges if calibration is not None else {}
     kept = set(calibration.f32_units) if calibration is not None else set()
     name = {b.var: f"n{i}" for i, b in enumerate(bindings)} | {
@@ -184,7 +184,8 @@ def _int8_bindings(
     }
     outputs = placement == UNITS
     ends = {e for op, e in units.items() if op in inside and e != op} if outputs else set()
-    sources = set() if outputs else attention_sources(bindings, inside.__contains__)
+    operands = {} if outputs else attention_operands(bindings, inside.__contains__)
+    sources = {i for i, matmul in operands.items() if matmul not in kept}
     out = []
     for n in nodes:
         b = bindings[n]

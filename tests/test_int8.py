@@ -151,6 +151,46 @@ def test_attention_is_quantized_where_its_operands_are_made_for_openvino():
     assert 'out_dtype="int8"' not in function_in_int8(func).script()
 
 
+def test_an_attention_matmul_kept_in_f32_leaves_its_operands_unquantized():
+    """The attention matmuls are units an OpenVINO int8 region may keep in f32: the scores
+    matmul kept, q's and k's bias adds are not quantized (the softmax still is); the units the
+    repair may hand back include them there, and not in onnxruntime's regions, which leave
+    attention in f32."""
+    from types import SimpleNamespace
+
+    from partune.core.int8 import attention_operands
+    from partune.search.precision import int8_units_of, keeping_f32
+
+    func = _attention()
+    mod = tvm.IRModule({"main": func})
+    graph = DataflowGraph.from_function(func)
+    bindings = list(func.body.blocks[0].bindings)
+    operands = attention_operands(bindings)
+    scores = next(m for i, m in operands.items() if "softmax" not in bindings[i].value.op.name)
+    context = next(m for m in operands.values() if m != scores)
+    config = CompilationConfig.for_cpu(
+        ["tvm", "openvino", "onnxruntime"], int8=("openvino", "onnxruntime")
+    )
+    nodes = tuple(range(len(graph)))
+
+    def plan(backend: str) -> Plan:
+        region = Region(nodes, config.scope_for(backend, "int8"))
+        return Plan("a", graph.fingerprint, config, (region,), calibration=Calibration("d"))
+
+    def quantized(p: Plan) -> int:
+        lifted = apply(p, mod, graph, lambda b: b, int8_placement=lambda b: INPUTS)
+        return sum(f.script().count("R.quantize") for f in lifted.functions.values())
+
+    whole = quantized(plan("openvino"))
+    assert quantized(keeping_f32(plan("openvino"), [scores])) == whole - 2
+    assert quantized(keeping_f32(plan("openvino"), [scores, context])) == whole - 3
+    s = SimpleNamespace(mod=mod)
+    matmuls = [n for n in nodes if quantizes(bindings[n].value)]
+    assert int8_units_of(s, plan("openvino")) == sorted([*matmuls, scores, context])
+    assert int8_units_of(s, plan("onnxruntime")) == matmuls
+    assert int8_units_of(s, keeping_f32(plan("openvino"), [scores])) == sorted([*matmuls, context])
+
+
 def test_the_named_pass_runs_on_a_module():
     mod = tvm.IRModule({"main": _mlp()})
     with tvm.transform.PassContext(disabled_pass=["QuantizeInt8"]):
