@@ -160,14 +160,15 @@ def int8_units_of(s: SessionView, plan: Plan) -> list[int]:
     1.0e-2, the budget; with them, 2e-4 to 6e-2."""
     kept = set(plan.calibration.f32_units) if plan.calibration is not None else set()
     bindings = main_bindings(s.mod["main"])
+    operands = attention_operands(bindings)  # each attention source, with the matmul it feeds
     units: set[int] = set()
     for r in plan.regions:
         if r.scope.compute_precision != "int8":
             continue
         units |= {n for n in r.nodes if quantizes(bindings[n].value)}
         if registry.get(r.scope.backend).int8_placement == INPUTS:
-            inside = set(r.nodes).__contains__
-            units |= {m for m in attention_operands(bindings, inside).values() if inside(m)}
+            nodes = set(r.nodes)
+            units |= {m for i, m in operands.items() if i in nodes and m in nodes}
     return sorted(units - kept)
 
 
